@@ -1,0 +1,70 @@
+package codec
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+)
+
+// corruptf and tooLargef build the errors Decode returns. The sentinel comes
+// first so errors.Is works for callers, and a library's own error is kept
+// with %w as well so a debugging caller can still see exactly what failed.
+func corruptf(name, format string, args ...any) error {
+	return fmt.Errorf("codec %s: %w: %s", name, ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+func corruptErr(name string, err error) error {
+	return fmt.Errorf("codec %s: %w: %w", name, ErrCorrupt, err)
+}
+
+func tooLargef(name string, size uint64, limit int) error {
+	return fmt.Errorf("codec %s: %w: %d bytes, limit %d", name, ErrTooLarge, size, limit)
+}
+
+// errOverLimit is what readLimited reports when the stream holds more than
+// the limit; callers turn it into an ErrTooLarge naming their codec.
+var errOverLimit = errors.New("over limit")
+
+// readLimited appends the rest of r to dst, reading at most limit bytes.
+// It grows dst geometrically from sizeHint rather than trusting any size the
+// stream claims, so the memory it takes is bounded by what was actually
+// decoded: at most about twice limit. On error it returns dst as it was.
+func readLimited(dst []byte, r io.Reader, limit, sizeHint int) ([]byte, error) {
+	start := len(dst)
+	for {
+		n := len(dst) - start
+		if n == limit {
+			// One more byte tells a stream of exactly limit bytes from a
+			// longer one without buffering any of the excess.
+			var one [1]byte
+			k, err := io.ReadFull(r, one[:])
+			switch {
+			case k > 0:
+				return dst[:start], errOverLimit
+			case err == io.EOF:
+				return dst, nil
+			default:
+				return dst[:start], err
+			}
+		}
+		if len(dst) == cap(dst) {
+			grow := min(limit-n, max(sizeHint, n, 512))
+			dst = slices.Grow(dst, grow)
+		}
+		k, err := r.Read(dst[len(dst):min(cap(dst), start+limit)])
+		dst = dst[:len(dst)+k]
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst[:start], err
+		}
+	}
+}
+
+// clampLimit makes a negative limit mean zero, so every comparison against
+// it can be done in uint64 without surprises.
+func clampLimit(limit int) int {
+	return max(limit, 0)
+}

@@ -1,0 +1,373 @@
+package codec
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Zstd compresses with Zstandard at the fastest speed, the default codec for
+// large values: it compresses JSON better than LZ4 or Snappy at a similar
+// cost. Its payload is exactly one Zstandard frame that records the content
+// size.
+var Zstd Codec = zstdCodecs[0]
+
+// ZstdDefault compresses with Zstandard at the default speed, roughly
+// zstd level 3.
+var ZstdDefault Codec = zstdCodecs[1]
+
+// ZstdBetter compresses with Zstandard at the better-compression speed,
+// roughly zstd level 7.
+var ZstdBetter Codec = zstdCodecs[2]
+
+// ZstdBest compresses with Zstandard at the best-compression speed, roughly
+// zstd level 11, for values written rarely and read often.
+var ZstdBest Codec = zstdCodecs[3]
+
+// ZstdLevel returns the Zstandard codec nearest to the standard zstd
+// compression level, 1 to 22; levels outside that range are clamped. There
+// are four distinct speeds, so many levels return the same Codec. Every level
+// writes the same format and any of them reads what the others wrote.
+func ZstdLevel(level int) Codec {
+	switch zstd.EncoderLevelFromZstd(min(max(level, 1), 22)) {
+	case zstd.SpeedFastest:
+		return Zstd
+	case zstd.SpeedDefault:
+		return ZstdDefault
+	case zstd.SpeedBetterCompression:
+		return ZstdBetter
+	default:
+		return ZstdBest
+	}
+}
+
+var zstdCodecs = [4]*zstdCodec{
+	{level: zstd.SpeedFastest},
+	{level: zstd.SpeedDefault},
+	{level: zstd.SpeedBetterCompression},
+	{level: zstd.SpeedBestCompression},
+}
+
+type zstdCodec struct {
+	level zstd.EncoderLevel
+
+	// The encoder is made on first use, as ones for the slower levels hold
+	// tens of megabytes of tables that a program that never writes with
+	// them should not pay for. EncodeAll is safe for concurrent use and
+	// runs on the calling goroutine, so one encoder serves every call.
+	once sync.Once
+	enc  *zstd.Encoder
+	err  error
+}
+
+func (*zstdCodec) ID() byte     { return HeaderZstd }
+func (*zstdCodec) Name() string { return "zstd" }
+
+func (c *zstdCodec) Encode(dst, src []byte) ([]byte, error) {
+	c.once.Do(func() {
+		c.enc, c.err = zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(c.level),
+			zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)),
+			// The checksum costs 4 bytes and lets readers tell a
+			// damaged value from a valid one.
+			zstd.WithEncoderCRC(true),
+			// Without it an empty input encodes to nothing, which is
+			// not a frame.
+			zstd.WithZeroFrames(true),
+		)
+	})
+	if c.err != nil {
+		return dst, fmt.Errorf("codec zstd: %w", c.err)
+	}
+	start := len(dst)
+	dst = c.enc.EncodeAll(src, dst)
+	frame := dst[start:]
+	var h zstd.Header
+	if err := h.Decode(frame); err != nil {
+		return dst[:start], fmt.Errorf("codec zstd: encoder wrote an unreadable frame: %w", err)
+	}
+	if !h.HasFCS {
+		// The encoder leaves the size out of frames under 256 bytes that
+		// are not single-segment, as the format allows. We promise it is
+		// there, so turn such a frame into the single-segment form the
+		// reference encoder writes for small inputs: the Window_Descriptor
+		// byte becomes a 1-byte Frame_Content_Size. The blocks stay valid,
+		// as a frame that small has no offset reaching past its start.
+		if len(src) >= 256 || h.SingleSegment || h.DictionaryID != 0 || h.HeaderSize != 6 {
+			return dst[:start], fmt.Errorf("codec zstd: encoder wrote a frame without its content size")
+		}
+		frame[4] |= 1 << 5 // Single_Segment_Flag
+		frame[5] = byte(len(src))
+	}
+	return dst, nil
+}
+
+func (*zstdCodec) Decode(dst, src []byte, limit int) ([]byte, error) {
+	return decodeZstd(dst, src, limit)
+}
+
+const (
+	// maxZstdBlock is the most one block may hold, compressed or not
+	// (RFC 8878, section 3.1.1.2.4, Block_Maximum_Size).
+	maxZstdBlock = 128 << 10
+
+	// maxZstdWindow backstops the window clamp in decodeZstdStream. It is
+	// the largest window the reference decoder accepts on 64-bit
+	// platforms (ZSTD_WINDOWLOG_MAX_64), so no frame we reject here is
+	// readable elsewhere.
+	maxZstdWindow = 1 << 31
+)
+
+// zstdAll decodes frames that record their size. DecodeAll is safe for
+// concurrent use and, with WithDecodeAllCapLimit, writes nowhere but the
+// capacity it is given, which is exactly the recorded size. It decodes into
+// that buffer directly, without a window of its own, so the window a frame
+// declares costs nothing and is not limited here.
+var zstdAll struct {
+	once sync.Once
+	dec  *zstd.Decoder
+	err  error
+}
+
+func zstdAllDecoder() (*zstd.Decoder, error) {
+	zstdAll.once.Do(func() {
+		zstdAll.dec, zstdAll.err = zstd.NewReader(nil,
+			zstd.WithDecoderConcurrency(runtime.GOMAXPROCS(0)),
+			zstd.WithDecodeAllCapLimit(true),
+			zstd.WithDecoderMaxWindow(maxZstdWindow),
+			zstd.WithDecoderLowmem(true),
+		)
+	})
+	return zstdAll.dec, zstdAll.err
+}
+
+// zstdStreams holds decoders for frames that do not record their size,
+// which must be decoded as a stream to stop at the limit: DecodeAll with a
+// memory limit was measured to allocate several times the limit before
+// failing on such a frame. Concurrency 1 makes a decoder synchronous, so no
+// goroutine outlives a call and an unused decoder needs no Close.
+var zstdStreams sync.Pool // *zstdStream
+
+type zstdStream struct {
+	dec  *zstd.Decoder
+	head [18]byte // the largest frame header: magic, descriptor, window, dictionary ID, size
+	r    splitReader
+}
+
+// maxPooledZstdWindow is the largest window whose decoder goes back to the
+// pool: a decoder keeps its window buffer, and a rare huge value should not
+// pin that much memory for every later small one.
+const maxPooledZstdWindow = 8 << 20
+
+func decodeZstd(dst, src []byte, limit int) ([]byte, error) {
+	limit = clampLimit(limit)
+	var h zstd.Header
+	if err := h.Decode(src); err != nil {
+		if err == io.ErrUnexpectedEOF {
+			return dst, corruptf("zstd", "truncated frame header")
+		}
+		return dst, corruptErr("zstd", err)
+	}
+	if h.Skippable {
+		return dst, corruptf("zstd", "skippable frame instead of a Zstandard frame")
+	}
+	if h.DictionaryID != 0 {
+		return dst, corruptf("zstd", "frame needs dictionary %d", h.DictionaryID)
+	}
+	frameLen, blocks, err := zstdFrameLen(src, h.HeaderSize, h.HasCheckSum)
+	if err != nil {
+		return dst, err
+	}
+	if frameLen != len(src) {
+		return dst, corruptf("zstd", "%d bytes after the frame", len(src)-frameLen)
+	}
+	// No frame can decode to more than this, so nothing larger is ever
+	// allocated for it, however large the limit.
+	most := uint64(blocks) * maxZstdBlock
+
+	if !h.HasFCS {
+		return decodeZstdStream(dst, src, limit, &h, most)
+	}
+	size := h.FrameContentSize
+	if size > uint64(limit) {
+		return dst, tooLargef("zstd", size, limit)
+	}
+	if size > most {
+		return dst, corruptf("zstd", "frame of %d blocks cannot hold %d bytes", blocks, size)
+	}
+	dec, err := zstdAllDecoder()
+	if err != nil {
+		return dst, fmt.Errorf("codec zstd: %w", err)
+	}
+	start, n := len(dst), int(size)
+	if cap(dst)-start < n {
+		grown := make([]byte, start, start+n)
+		copy(grown, dst)
+		dst = grown
+	}
+	// Decoding into an empty slice, not after dst's contents, keeps those
+	// bytes out of the frame's history: a match may only reach back into
+	// this frame's own output.
+	out, err := dec.DecodeAll(src, dst[start:start:start+n])
+	if err != nil {
+		return dst[:start], zstdErr(err)
+	}
+	if len(out) != n {
+		return dst[:start], corruptf("zstd", "frame decoded to %d bytes, header says %d", len(out), n)
+	}
+	if n > 0 && &out[0] != &dst[start : start+1][0] {
+		// Not expected with the capacity limit, but never worth a wrong
+		// answer.
+		copy(dst[start:start+n], out)
+	}
+	return dst[:start+n], nil
+}
+
+func decodeZstdStream(dst, src []byte, limit int, h *zstd.Header, most uint64) ([]byte, error) {
+	s, _ := zstdStreams.Get().(*zstdStream)
+	if s == nil {
+		dec, err := zstd.NewReader(nil,
+			zstd.WithDecoderConcurrency(1),
+			zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxWindow(maxZstdWindow),
+			zstd.WithDecodeBuffersBelow(0),
+		)
+		if err != nil {
+			return dst, fmt.Errorf("codec zstd: %w", err)
+		}
+		s = &zstdStream{dec: dec}
+	}
+
+	// The decoder allocates the declared window before the first block,
+	// and a frame may declare almost 4 TB. The window only has to reach
+	// back over what the frame can produce before we stop reading it: the
+	// limit plus the block that crosses it, and never more than its blocks
+	// can hold. An offset reaching farther is invalid in such a frame
+	// whatever window it declares, so decoding with the window shrunk to
+	// that reach yields exactly the same bytes, or the same refusal. The
+	// Window_Descriptor of a frame without a content size is always byte 5:
+	// such a frame cannot be single-segment.
+	n := copy(s.head[:], src[:h.HeaderSize])
+	window := h.WindowSize
+	if need := max(min(uint64(limit)+maxZstdBlock, most), zstd.MinWindowSize); window > need {
+		wd := zstdWindowDescriptor(need)
+		s.head[5] = wd
+		window = zstdWindowSize(wd)
+	}
+	s.r = splitReader{a: s.head[:n], b: src[h.HeaderSize:]}
+
+	var err error
+	if err = s.dec.Reset(&s.r); err == nil {
+		hint := int(min(most, uint64(8*len(src))))
+		dst, err = readLimited(dst, s.dec, limit, hint)
+	}
+	// Drop the references to src before pooling.
+	_ = s.dec.Reset(nil)
+	s.r = splitReader{}
+	if window <= maxPooledZstdWindow {
+		zstdStreams.Put(s)
+	}
+	if err != nil {
+		if err == errOverLimit {
+			return dst, fmt.Errorf("codec zstd: %w: frame without content size decodes to more than %d bytes", ErrTooLarge, limit)
+		}
+		return dst, zstdErr(err)
+	}
+	return dst, nil
+}
+
+// zstdErr maps an error from the decoder onto ErrTooLarge or ErrCorrupt,
+// keeping the decoder's error for the message.
+func zstdErr(err error) error {
+	if errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		return fmt.Errorf("codec zstd: %w: %w", ErrTooLarge, err)
+	}
+	if err == io.ErrUnexpectedEOF || err == io.EOF {
+		return corruptf("zstd", "truncated frame")
+	}
+	return corruptErr("zstd", err)
+}
+
+// zstdFrameLen walks the block headers of the frame whose header takes the
+// first hdrLen bytes of src, and returns where the frame ends and how many
+// blocks it has. It reads no block's content, so it is cheap, and it lets
+// the decoders see exactly one frame: a payload is one frame, and bytes
+// after it would otherwise be decoded as more frames.
+func zstdFrameLen(src []byte, hdrLen int, checksum bool) (end, blocks int, err error) {
+	pos := hdrLen
+	for {
+		if len(src)-pos < 3 {
+			return 0, 0, corruptf("zstd", "truncated frame")
+		}
+		bh := uint32(src[pos]) | uint32(src[pos+1])<<8 | uint32(src[pos+2])<<16
+		pos += 3
+		size := int(bh >> 3)
+		if size > maxZstdBlock {
+			return 0, 0, corruptf("zstd", "block of %d bytes", size)
+		}
+		switch bh >> 1 & 3 {
+		case 0, 2: // Raw_Block, Compressed_Block
+		case 1: // RLE_Block: one byte repeated size times
+			size = 1
+		default:
+			return 0, 0, corruptf("zstd", "reserved block type")
+		}
+		if len(src)-pos < size {
+			return 0, 0, corruptf("zstd", "truncated frame")
+		}
+		pos += size
+		blocks++
+		if bh&1 != 0 {
+			break
+		}
+	}
+	if checksum {
+		if len(src)-pos < 4 {
+			return 0, 0, corruptf("zstd", "truncated frame")
+		}
+		pos += 4
+	}
+	return pos, blocks, nil
+}
+
+// zstdWindowDescriptor returns the smallest Window_Descriptor (RFC 8878,
+// section 3.1.1.1.2) whose window is at least size. size must not exceed
+// the largest such window, which every caller's bound ensures.
+func zstdWindowDescriptor(size uint64) byte {
+	for exp := range 32 {
+		for mant := range 8 {
+			wd := byte(exp<<3 | mant)
+			if zstdWindowSize(wd) >= size {
+				return wd
+			}
+		}
+	}
+	return 0xFF
+}
+
+func zstdWindowSize(wd byte) uint64 {
+	base := uint64(1) << (10 + wd>>3)
+	return base + base/8*uint64(wd&7)
+}
+
+// splitReader reads a, then b. It lets the stream decoder read a frame
+// whose header was rewritten without copying the rest of the frame.
+type splitReader struct {
+	a, b []byte
+}
+
+func (r *splitReader) Read(p []byte) (int, error) {
+	if len(r.a) == 0 {
+		r.a, r.b = r.b, nil
+		if len(r.a) == 0 {
+			return 0, io.EOF
+		}
+	}
+	n := copy(p, r.a)
+	r.a = r.a[n:]
+	return n, nil
+}

@@ -1,0 +1,102 @@
+package packcache
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/packcache/packcache/codec"
+)
+
+var (
+	// ErrMiss is returned by Get when the key holds no value and the cache
+	// has no loader for it.
+	ErrMiss = errors.New("packcache: cache miss")
+
+	// ErrNotFound is how a Loader says the source has no value for a key.
+	// With a NegativeTTL the cache remembers the answer, and Get returns
+	// ErrNotFound without calling the loader until it expires.
+	ErrNotFound = errors.New("packcache: not found")
+
+	// ErrUnknownHeader reports a stored value whose first byte is a header
+	// byte that names no codec this process knows. Its chain holds a
+	// *codec.HeaderError naming the byte.
+	ErrUnknownHeader = codec.ErrUnknownHeader
+
+	// ErrCorrupt reports a stored value whose payload is truncated or not
+	// valid for its codec.
+	ErrCorrupt = codec.ErrCorrupt
+
+	// ErrTooLarge reports a value larger than the cache's maximum value
+	// size: on Get, a value that would decode to more (found, wherever the
+	// format declares its size, before allocating for it); on Set, a
+	// serialized value over the limit.
+	ErrTooLarge = codec.ErrTooLarge
+
+	// ErrSerialization reports a failure of the serializer, such as a stored
+	// value of the wrong JSON type for T. The serializer's own error is in
+	// the chain, for errors.As.
+	ErrSerialization = errors.New("packcache: serialization failed")
+
+	// ErrRedis reports a failure talking to Redis. The go-redis error (or
+	// the context's error) is kept in the chain.
+	ErrRedis = errors.New("packcache: redis failed")
+
+	// ErrCircuitOpen reports a call that did not try Redis because recent
+	// calls failed and the circuit breaker is open. It also matches
+	// ErrRedis.
+	ErrCircuitOpen = errors.New("packcache: redis circuit open")
+
+	// DoNotCache is returned by a Loader together with a value to say the
+	// value is to be returned to callers but not stored, for partial or
+	// degraded results. Callers see the value and a nil error.
+	DoNotCache = errors.New("packcache: do not cache")
+)
+
+// An Error records a failed operation on a key. Every error the cache
+// returns for a key, other than ErrMiss, ErrNotFound and context errors from
+// a waiting caller, is an *Error.
+type Error struct {
+	Op  string // "get", "set", "delete", "load"
+	Key string
+	Err error
+}
+
+func (e *Error) Error() string {
+	return "packcache: " + e.Op + " " + strconv.Quote(e.Key) + ": " + e.Err.Error()
+}
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// A PanicError is the error every caller sharing a load gets when the loader
+// panics. The process does not crash and no caller hangs.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the loader goroutine's stack at the panic
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("packcache: loader panicked: %v\n\n%s", e.Value, e.Stack)
+}
+
+// Unwrap returns the panic value if it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// kindError puts a sentinel in front of a cause: errors.Is matches the
+// sentinel, errors.As still reaches the cause.
+type kindError struct {
+	kind error
+	err  error
+}
+
+func (e *kindError) Error() string   { return e.kind.Error() + ": " + e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+
+func redisErr(err error) error         { return &kindError{ErrRedis, err} }
+func serializationErr(err error) error { return &kindError{ErrSerialization, err} }
+
+func keyErr(op, key string, err error) error { return &Error{Op: op, Key: key, Err: err} }

@@ -1,0 +1,141 @@
+package packcache_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	// go-redis logs dial failures through its own global logger; the tests
+	// that stop servers make plenty.
+	redis.SetLogger(quietLogger{})
+	code := m.Run()
+	redistest.Shutdown()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Message and Channel model the documents packcache is for: a chat
+// channel's recent messages.
+type Message struct {
+	ID     int64     `json:"id"`
+	Author string    `json:"author"`
+	Text   string    `json:"text"`
+	Sent   time.Time `json:"sent"`
+	Likes  []string  `json:"likes,omitempty"`
+}
+
+type Channel struct {
+	ID       string    `json:"id"`
+	Title    string    `json:"title"`
+	Messages []Message `json:"messages"`
+}
+
+var words = strings.Fields(`the a lecture notes exam tomorrow room please read chapter
+	question answer thanks professor deadline homework assignment group project slides
+	posted link meeting today week grade midterm final review session office hours
+	is are was will can could should would did does have has about with for from`)
+
+// makeChannel builds a channel of about size bytes of JSON, the same for a
+// given seed.
+func makeChannel(seed uint64, size int) Channel {
+	r := rand.New(rand.NewPCG(seed, 42))
+	ch := Channel{ID: fmt.Sprintf("ch-%d", seed), Title: "Course announcements"}
+	base := time.Date(2026, 9, 1, 8, 0, 0, 0, time.UTC)
+	n := 0
+	for i := 0; n < size; i++ {
+		var sb strings.Builder
+		for w := 0; w < 5+r.IntN(30); w++ {
+			if w > 0 {
+				sb.WriteByte(' ')
+			}
+			sb.WriteString(words[r.IntN(len(words))])
+		}
+		m := Message{
+			ID:     int64(1_000_000 + i),
+			Author: fmt.Sprintf("student%04d", r.IntN(5000)),
+			Text:   sb.String(),
+			Sent:   base.Add(time.Duration(i) * 37 * time.Second),
+		}
+		if r.IntN(4) == 0 {
+			m.Likes = []string{fmt.Sprintf("student%04d", r.IntN(5000))}
+		}
+		ch.Messages = append(ch.Messages, m)
+		n += 110 + len(m.Text)
+	}
+	return ch
+}
+
+// jsonText returns n bytes of compressible JSON: a string literal.
+func jsonText(n int) []byte {
+	if n < 2 {
+		return []byte(strings.Repeat("1", n))
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '"')
+	for len(b) < n-1 {
+		b = append(b, words[len(b)%len(words)]...)
+		b = append(b, ' ')
+	}
+	b = b[:n-1]
+	return append(b, '"')
+}
+
+// forEachTarget runs f against a single node and a 3-master cluster.
+func forEachTarget(t *testing.T, f func(t *testing.T, tg redistest.Target)) {
+	t.Helper()
+	for _, tg := range redistest.Targets(t) {
+		t.Run(tg.Name, func(t *testing.T) { f(t, tg) })
+	}
+}
+
+func single(t *testing.T) (*redistest.Server, redis.UniversalClient) {
+	t.Helper()
+	s := redistest.Start(t)
+	return s, s.Universal(t)
+}
+
+func mustNew[T any](t testing.TB, rdb redis.UniversalClient, opts ...packcache.Option) *packcache.Cache[T] {
+	t.Helper()
+	c, err := packcache.New[T](rdb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func rawGet(t testing.TB, rdb redis.UniversalClient, key string) []byte {
+	t.Helper()
+	b, err := rdb.Get(context.Background(), key).Bytes()
+	if err != nil {
+		t.Fatalf("raw GET %q: %v", key, err)
+	}
+	return b
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

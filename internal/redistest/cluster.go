@@ -1,0 +1,322 @@
+package redistest
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const clusterSlots = 16384
+
+// Cluster is a local Redis Cluster made of its own redis-server processes,
+// one master per node and no replicas, started by StartCluster.
+type Cluster struct {
+	nodes []*Server
+	// first[i] is the first slot served by nodes[i]; nodes[i] serves
+	// first[i] through first[i+1]-1 (the last node up to slot 16383).
+	first []int
+}
+
+// StartCluster starts a Redis Cluster of masters (at least 3) redis-server
+// processes on 127.0.0.1, each in its own tb.TempDir with cluster mode
+// enabled and a 1 s node timeout, assigns the 16384 slots in equal ranges,
+// joins the nodes and waits (up to 20 seconds) until every node reports
+// cluster_state:ok and all nodes agree on the slot map. It registers a
+// cleanup with tb that stops every node.
+//
+// Miniredis has no cluster mode: if redis-server is not on PATH,
+// StartCluster skips the test, or fails it when PACKCACHE_REQUIRE_REDIS=1.
+func StartCluster(tb testing.TB, masters int) *Cluster {
+	tb.Helper()
+	if masters < 3 {
+		tb.Fatalf("redistest: StartCluster needs at least 3 masters, got %d", masters)
+	}
+	bin := findServer()
+	if bin == "" {
+		if requireReal() {
+			tb.Fatalf("redistest: StartCluster: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+		}
+		tb.Skipf("redistest: skipping: StartCluster needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
+	}
+	dirs := make([]string, masters)
+	for i := range dirs {
+		dirs[i] = tb.TempDir()
+	}
+	c, err := startCluster(bin, dirs, false)
+	if err != nil {
+		tb.Fatalf("redistest: StartCluster(%d): %v", masters, err)
+	}
+	tb.Cleanup(func() {
+		if err := c.close(); err != nil {
+			tb.Errorf("redistest: stopping cluster: %v", err)
+		}
+	})
+	return c
+}
+
+// startCluster starts len(dirs) nodes in parallel and forms the cluster.
+// On error every started node has been stopped.
+func startCluster(bin string, dirs []string, ownDirs bool) (_ *Cluster, err error) {
+	n := len(dirs)
+	c := &Cluster{nodes: make([]*Server, n), first: make([]int, n)}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range dirs {
+		wg.Go(func() {
+			c.nodes[i], errs[i] = startServer(serverConfig{bin: bin, dir: dirs[i], ownDir: ownDirs, cluster: true})
+		})
+	}
+	wg.Wait()
+	defer func() {
+		if err != nil {
+			for _, s := range c.nodes {
+				if s != nil {
+					_ = s.close()
+				}
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	for i, s := range c.nodes {
+		s.cluster = c
+		c.first[i] = i * clusterSlots / n
+		last := (i+1)*clusterSlots/n - 1
+		// Distinct config epochs, as redis-cli --cluster create does, so
+		// that no epoch collision has to be resolved.
+		if _, err := s.admin.do(adminTimeout, "CLUSTER", "SET-CONFIG-EPOCH", strconv.Itoa(i+1)); err != nil {
+			return nil, fmt.Errorf("CLUSTER SET-CONFIG-EPOCH on %s: %w", s.addr, err)
+		}
+		if _, err := s.admin.do(adminTimeout, "CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(c.first[i]), strconv.Itoa(last)); err != nil {
+			return nil, fmt.Errorf("CLUSTER ADDSLOTSRANGE %d %d on %s: %w", c.first[i], last, s.addr, err)
+		}
+	}
+	for _, s := range c.nodes[1:] {
+		if _, err := c.nodes[0].admin.do(adminTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.port)); err != nil {
+			return nil, fmt.Errorf("CLUSTER MEET %s from %s: %w", s.addr, c.nodes[0].addr, err)
+		}
+	}
+	if err := c.waitHealthy(clusterTimeout); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// health returns nil if every node reports cluster_state:ok with all slots
+// served and all nodes have the same view of node addresses and slots.
+func (c *Cluster) health() error {
+	var ref string
+	for i, s := range c.nodes {
+		ci, err := s.admin.doString(adminTimeout, "CLUSTER", "INFO")
+		if err != nil {
+			return fmt.Errorf("CLUSTER INFO on %s: %w", s.addr, err)
+		}
+		info := parseInfo(ci)
+		for k, want := range map[string]string{
+			"cluster_state":          "ok",
+			"cluster_slots_assigned": strconv.Itoa(clusterSlots),
+			"cluster_slots_ok":       strconv.Itoa(clusterSlots),
+			"cluster_known_nodes":    strconv.Itoa(len(c.nodes)),
+		} {
+			if info[k] != want {
+				return fmt.Errorf("node %s reports %s:%s (want %s)", s.addr, k, info[k], want)
+			}
+		}
+		nodes, err := s.admin.doString(adminTimeout, "CLUSTER", "NODES")
+		if err != nil {
+			return fmt.Errorf("CLUSTER NODES on %s: %w", s.addr, err)
+		}
+		view := canonicalNodes(nodes)
+		if i == 0 {
+			ref = view
+		} else if view != ref {
+			return fmt.Errorf("nodes disagree on the slot map:\n%s sees:\n%s\n%s sees:\n%s", c.nodes[0].addr, ref, s.addr, view)
+		}
+	}
+	return nil
+}
+
+// canonicalNodes reduces CLUSTER NODES output to "id addr slots..." lines,
+// sorted, dropping the per-observer fields (flags, ping times, link state).
+func canonicalNodes(s string) string {
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		lines = append(lines, strings.Join(append([]string{f[0], addr}, f[8:]...), " "))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// waitHealthy polls health until it succeeds or timeout passes.
+func (c *Cluster) waitHealthy(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := c.health()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cluster not healthy after %v: %w", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) close() error {
+	var errs []error
+	for _, s := range c.nodes {
+		errs = append(errs, s.close())
+	}
+	return errors.Join(errs...)
+}
+
+// Addrs returns the "127.0.0.1:port" addresses of all nodes.
+func (c *Cluster) Addrs() []string {
+	a := make([]string, len(c.nodes))
+	for i, s := range c.nodes {
+		a[i] = s.addr
+	}
+	return a
+}
+
+// Nodes returns each master as a Server, in slot order: Stop, Restart,
+// Pause, CommandCount and so on work per node.
+func (c *Cluster) Nodes() []*Server { return slices.Clone(c.nodes) }
+
+// NodeForKey returns the node that serves key's hash slot.
+func (c *Cluster) NodeForKey(tb testing.TB, key string) *Server {
+	tb.Helper()
+	slot, err := c.keySlot(key)
+	if err != nil {
+		tb.Fatalf("redistest: CLUSTER KEYSLOT %q: %v", key, err)
+	}
+	i, found := slices.BinarySearch(c.first, slot)
+	if !found {
+		i--
+	}
+	return c.nodes[i]
+}
+
+func (c *Cluster) keySlot(key string) (int, error) {
+	var err error
+	for _, s := range c.nodes {
+		var v any
+		if v, err = s.admin.do(adminTimeout, "CLUSTER", "KEYSLOT", key); err == nil {
+			n, ok := v.(int64)
+			if !ok {
+				return 0, fmt.Errorf("unexpected reply %#v", v)
+			}
+			return int(n), nil
+		}
+	}
+	return 0, err // no node answered
+}
+
+// Client returns a new go-redis cluster client seeded with all nodes, with
+// go-redis defaults changed by opts, and registers a cleanup with tb that
+// closes it.
+func (c *Cluster) Client(tb testing.TB, opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
+	tb.Helper()
+	o := &redis.ClusterOptions{Addrs: c.Addrs()}
+	for _, f := range opts {
+		f(o)
+	}
+	cc := redis.NewClusterClient(o)
+	tb.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// Universal returns a new cluster-mode redis.UniversalClient seeded with all
+// nodes, with go-redis defaults changed by opts, and registers a cleanup
+// with tb that closes it.
+func (c *Cluster) Universal(tb testing.TB, opts ...func(*redis.UniversalOptions)) redis.UniversalClient {
+	tb.Helper()
+	o := &redis.UniversalOptions{Addrs: c.Addrs(), IsClusterMode: true}
+	for _, f := range opts {
+		f(o)
+	}
+	u := redis.NewUniversalClient(o)
+	tb.Cleanup(func() { _ = u.Close() })
+	return u
+}
+
+// WaitHealthy waits (up to 20 seconds) until every node reports
+// cluster_state:ok and all nodes agree on the slot map, for example after
+// stopping a node with Server.Stop and starting it again some other way.
+// Server.Restart of a node already waits for this.
+func (c *Cluster) WaitHealthy(tb testing.TB) {
+	tb.Helper()
+	if err := c.waitHealthy(clusterTimeout); err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+}
+
+// CommandCount returns the sum over all nodes of Server.CommandCount.
+func (c *Cluster) CommandCount(tb testing.TB, cmd string) int64 {
+	tb.Helper()
+	n, err := c.commandCount(cmd)
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	return n
+}
+
+func (c *Cluster) commandCount(cmd string) (int64, error) {
+	var sum int64
+	for _, s := range c.nodes {
+		n, err := s.commandCount(cmd)
+		if err != nil {
+			return 0, fmt.Errorf("INFO commandstats on %s: %w", s.addr, err)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// ResetStats runs CONFIG RESETSTAT on every node.
+func (c *Cluster) ResetStats(tb testing.TB) {
+	tb.Helper()
+	if err := c.resetStats(); err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+}
+
+func (c *Cluster) resetStats() error {
+	for _, s := range c.nodes {
+		if err := s.resetStats(); err != nil {
+			return fmt.Errorf("CONFIG RESETSTAT on %s: %w", s.addr, err)
+		}
+	}
+	return nil
+}
+
+// FlushAll deletes every key on every node.
+func (c *Cluster) FlushAll(tb testing.TB) {
+	tb.Helper()
+	if err := c.flushAll(); err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+}
+
+func (c *Cluster) flushAll() error {
+	for _, s := range c.nodes {
+		if err := s.flushAll(); err != nil {
+			return fmt.Errorf("FLUSHALL on %s: %w", s.addr, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+// Package redistest starts throwaway Redis servers and clusters for tests.
+//
+// Start runs a fresh redis-server on a free 127.0.0.1 port with no
+// persistence and stops it when the test ends; StartCluster does the same
+// for a local Redis Cluster. Targets hands behavioural suites a single-node
+// and a cluster topology that are started once per test binary and shared;
+// a package using Targets must call Shutdown from TestMain:
+//
+//	func TestMain(m *testing.M) {
+//		code := m.Run()
+//		redistest.Shutdown()
+//		os.Exit(code)
+//	}
+//
+// The helper never connects to any Redis it did not start.
+//
+// If redis-server is not on PATH, Start falls back to an embedded miniredis
+// (Server.Real reports false), StartCluster skips, and Targets offers only
+// the single-node target. Setting PACKCACHE_REQUIRE_REDIS=1 in the
+// environment turns every such fallback or skip into a test failure, so CI
+// cannot silently run against the fallback.
+package redistest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RequireEnv is the environment variable that, when set to "1", makes a
+// missing redis-server a test failure instead of a fallback or skip.
+const RequireEnv = "PACKCACHE_REQUIRE_REDIS"
+
+// serverBinary is the redis-server executable looked up on PATH. Tests of
+// this package override it to exercise the fallback.
+var serverBinary = "redis-server"
+
+var fallbackOnce sync.Once
+
+func requireReal() bool { return os.Getenv(RequireEnv) == "1" }
+
+// findServer returns the path of redis-server, or "" if it is not on PATH.
+func findServer() string {
+	p, err := exec.LookPath(serverBinary)
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// logFallback logs, once per process, that miniredis replaces redis-server.
+func logFallback(tb testing.TB) {
+	tb.Helper()
+	fallbackOnce.Do(func() {
+		tb.Logf("redistest: %s not found on PATH; falling back to embedded miniredis (set %s=1 to fail instead)", serverBinary, RequireEnv)
+	})
+}
+
+// Start starts a fresh redis-server on a free 127.0.0.1 port and registers a
+// cleanup with tb that stops it. The server has no persistence (--save ""
+// --appendonly no), binds 127.0.0.1 only, runs in its own tb.TempDir
+// (which also holds its log file, redis.log) and is started in its own
+// process group. Extra args are appended to the redis-server command line,
+// for example "--maxmemory", "1mb"; they must not change the port, bind
+// address or directory. Start returns once the server answers PING and fails
+// the test, including the tail of the server log, if that does not happen
+// within 10 seconds.
+//
+// If redis-server is not on PATH, Start fails the test when
+// PACKCACHE_REQUIRE_REDIS=1 and otherwise returns a miniredis-backed Server
+// (args are then ignored), logging once per process that it does so.
+func Start(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	bin := findServer()
+	if bin == "" {
+		if requireReal() {
+			tb.Fatalf("redistest: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+		}
+		logFallback(tb)
+		if len(args) > 0 {
+			tb.Logf("redistest: miniredis fallback ignores redis-server args %q", args)
+		}
+		s, err := startMini()
+		if err != nil {
+			tb.Fatalf("redistest: %v", err)
+		}
+		tb.Cleanup(func() { _ = s.close() })
+		return s
+	}
+	s, err := startServer(serverConfig{bin: bin, dir: tb.TempDir(), args: args})
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := s.close(); err != nil {
+			tb.Errorf("redistest: stopping %s: %v", s.addr, err)
+		}
+	})
+	return s
+}
+
+// RequireReal skips the test when s is the miniredis fallback rather than a
+// real redis-server, giving why (what the test needs) as the reason. When
+// PACKCACHE_REQUIRE_REDIS=1 it fails the test instead of skipping.
+func RequireReal(tb testing.TB, s *Server, why string) {
+	tb.Helper()
+	if s != nil && s.Real() {
+		return
+	}
+	if requireReal() {
+		tb.Fatalf("redistest: %s needs a real redis-server, but this is the miniredis fallback and %s=1", why, RequireEnv)
+	}
+	tb.Skipf("redistest: skipping: %s needs a real redis-server (%s is not on PATH; this is the miniredis fallback)", why, serverBinary)
+}
+
+// Addr returns the server's "127.0.0.1:port" address. It does not change
+// across Stop and Restart.
+func (s *Server) Addr() string { return s.addr }
+
+// Real reports whether s is a real redis-server process; it is false for the
+// miniredis fallback.
+func (s *Server) Real() bool { return s.mini == nil }
+
+// Dir returns the server's working directory, which holds its log file
+// redis.log. It is empty for the miniredis fallback.
+func (s *Server) Dir() string { return s.dir }
+
+// Client returns a new go-redis client for s, with go-redis defaults changed
+// by opts, and registers a cleanup with tb that closes it.
+func (s *Server) Client(tb testing.TB, opts ...func(*redis.Options)) *redis.Client {
+	tb.Helper()
+	o := &redis.Options{Addr: s.addr}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewClient(o)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Universal returns a new single-node redis.UniversalClient for s, with
+// go-redis defaults changed by opts, and registers a cleanup with tb that
+// closes it.
+func (s *Server) Universal(tb testing.TB, opts ...func(*redis.UniversalOptions)) redis.UniversalClient {
+	tb.Helper()
+	o := &redis.UniversalOptions{Addrs: []string{s.addr}}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewUniversalClient(o)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Stop stops the server: SIGTERM (after SIGCONT if paused), then SIGKILL if
+// it has not exited within 5 seconds. The port stays assigned to s so that
+// Restart can bring the server back on the same address. Stopping a stopped
+// server does nothing. For the miniredis fallback Stop closes the listener.
+func (s *Server) Stop(tb testing.TB) {
+	tb.Helper()
+	if err := s.stop(); err != nil {
+		tb.Fatalf("redistest: stop %s: %v", s.addr, err)
+	}
+}
+
+// Restart starts the server again on the same port (stopping it first if it
+// is running) and waits until it answers PING. The restarted server is empty,
+// since it has no persistence; the miniredis fallback is flushed to match.
+// For a node of a Cluster whose other nodes are all up, Restart also waits
+// until the whole cluster is healthy again, which takes a few seconds.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	if err := s.restart(); err != nil {
+		tb.Fatalf("redistest: restart %s: %v", s.addr, err)
+	}
+}
+
+// Pause suspends the server process with SIGSTOP: connections stay open but
+// nothing is answered until Resume. It needs a real server (see RequireReal).
+// Stop and the cleanup resume a paused server before stopping it.
+func (s *Server) Pause(tb testing.TB) {
+	tb.Helper()
+	RequireReal(tb, s, "Pause (SIGSTOP of the server process)")
+	if !canPause {
+		tb.Skip("redistest: Pause is not supported on this platform")
+	}
+	if err := s.signal(true); err != nil {
+		tb.Fatalf("redistest: pause %s: %v", s.addr, err)
+	}
+}
+
+// Resume continues a server suspended by Pause with SIGCONT.
+func (s *Server) Resume(tb testing.TB) {
+	tb.Helper()
+	RequireReal(tb, s, "Resume (SIGCONT of the server process)")
+	if !canPause {
+		tb.Skip("redistest: Resume is not supported on this platform")
+	}
+	if err := s.signal(false); err != nil {
+		tb.Fatalf("redistest: resume %s: %v", s.addr, err)
+	}
+}
+
+// CommandCount returns how many times cmd has been called on the server
+// since it started or since the last ResetStats, from INFO commandstats.
+// cmd is case-insensitive; name a subcommand as "config|get" or "config get".
+// It uses the helper's own admin connection, so it does not disturb the
+// test's clients (though every client's commands, including connection
+// handshakes such as HELLO, are counted). The miniredis fallback has no
+// command statistics: CommandCount skips the test there (see RequireReal).
+func (s *Server) CommandCount(tb testing.TB, cmd string) int64 {
+	tb.Helper()
+	RequireReal(tb, s, fmt.Sprintf("CommandCount(%q) (INFO commandstats)", cmd))
+	n, err := s.commandCount(cmd)
+	if err != nil {
+		tb.Fatalf("redistest: INFO commandstats on %s: %v", s.addr, err)
+	}
+	return n
+}
+
+// ResetStats resets the server's statistics, including the counts that
+// CommandCount reports, with CONFIG RESETSTAT. It does nothing for the
+// miniredis fallback.
+func (s *Server) ResetStats(tb testing.TB) {
+	tb.Helper()
+	if err := s.resetStats(); err != nil {
+		tb.Fatalf("redistest: CONFIG RESETSTAT on %s: %v", s.addr, err)
+	}
+}
+
+// FlushAll deletes every key on the server.
+func (s *Server) FlushAll(tb testing.TB) {
+	tb.Helper()
+	if err := s.flushAll(); err != nil {
+		tb.Fatalf("redistest: FLUSHALL on %s: %v", s.addr, err)
+	}
+}

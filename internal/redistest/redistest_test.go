@@ -1,0 +1,449 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	Shutdown()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "redistest: goroutine leak: %v\n", err)
+			code = 1
+		}
+		if n := liveProcs.Load(); n != 0 {
+			fmt.Fprintf(os.Stderr, "redistest: %d redis-server processes still running\n", n)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func haveRedisServer(t *testing.T) {
+	t.Helper()
+	if findServer() == "" {
+		if requireReal() {
+			t.Fatalf("%s not on PATH and %s=1", serverBinary, RequireEnv)
+		}
+		t.Skipf("%s not on PATH", serverBinary)
+	}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestStartPingSetGet(t *testing.T) {
+	s := Start(t)
+	if findServer() != "" && !s.Real() {
+		t.Fatal("redis-server is on PATH but Start returned the fallback")
+	}
+	ctx := ctxT(t, 5*time.Second)
+	c := s.Client(t)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING: %v", err)
+	}
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET = %q, %v; want v", got, err)
+	}
+	u := s.Universal(t)
+	if _, ok := u.(*redis.Client); !ok {
+		t.Fatalf("Universal returned %T, want *redis.Client", u)
+	}
+	if got, err := u.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET via Universal = %q, %v", got, err)
+	}
+}
+
+func TestStartArgs(t *testing.T) {
+	haveRedisServer(t)
+	s := Start(t, "--maxmemory", "12mb")
+	got, err := s.Client(t).ConfigGet(ctxT(t, 5*time.Second), "maxmemory").Result()
+	if err != nil || got["maxmemory"] != "12582912" {
+		t.Fatalf("CONFIG GET maxmemory = %v, %v", got, err)
+	}
+	if _, err := os.Stat(s.Dir() + "/redis.log"); err != nil {
+		t.Fatalf("log file: %v", err)
+	}
+}
+
+func TestStartBadArgsReportsLog(t *testing.T) {
+	haveRedisServer(t)
+	r := runTB(t, func(tb testing.TB) { Start(tb, "--no-such-option", "x") })
+	if r.fatal == "" || !strings.Contains(r.fatal, "no-such-option") {
+		t.Fatalf("want a fatal message quoting the server's complaint, got %q", r.fatal)
+	}
+	t.Logf("error message:\n%s", r.fatal)
+}
+
+func TestStopRestart(t *testing.T) {
+	s := Start(t)
+	addr := s.Addr()
+	ctx := ctxT(t, 20*time.Second)
+	c := s.Client(t, func(o *redis.Options) { o.DialerRetries = 1; o.MaxRetries = -1 })
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop(t)
+	s.Stop(t) // idempotent
+	if err := c.Get(ctx, "k").Err(); err == nil || errors.Is(err, redis.Nil) {
+		t.Fatalf("GET on a stopped server: err = %v, want a connection error", err)
+	}
+	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		conn.Close()
+		t.Fatalf("%s still accepts connections after Stop", addr)
+	}
+	start := time.Now()
+	s.Restart(t)
+	t.Logf("Restart took %v", time.Since(start))
+	if s.Addr() != addr {
+		t.Fatalf("Addr changed across Restart: %s -> %s", addr, s.Addr())
+	}
+	if err := c.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET after Restart: err = %v, want redis.Nil (no persistence)", err)
+	}
+	if err := c.Set(ctx, "k", "v2", 0).Err(); err != nil {
+		t.Fatalf("SET after Restart: %v", err)
+	}
+	s.Restart(t) // restart while running
+	if err := s.Client(t).Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after second Restart: %v", err)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	s := Start(t)
+	RequireReal(t, s, "SIGSTOP")
+	c := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	ctx := ctxT(t, 10*time.Second)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause(t)
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	start := time.Now()
+	err := c.Get(short, "k").Err()
+	cancel()
+	elapsed := time.Since(start)
+	var ne net.Error
+	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("GET on a paused server: err = %v, want a deadline/timeout error", err)
+	}
+	if elapsed > time.Second {
+		t.Fatalf("GET on a paused server took %v, want about 100ms", elapsed)
+	}
+	t.Logf("paused GET failed after %v with %v", elapsed, err)
+	s.Resume(t)
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET after Resume = %q, %v", got, err)
+	}
+}
+
+func TestPausedServerCleanup(t *testing.T) {
+	haveRedisServer(t)
+	// A server left paused must still be stopped by the cleanup
+	// (TestMain checks that no process survives).
+	t.Run("leave paused", func(t *testing.T) {
+		s := Start(t)
+		s.Pause(t)
+	})
+}
+
+func TestCommandCount(t *testing.T) {
+	s := Start(t)
+	RequireReal(t, s, "INFO commandstats")
+	ctx := ctxT(t, 5*time.Second)
+	c := s.Client(t)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.ResetStats(t)
+	for range 5 {
+		_ = c.Get(ctx, "missing").Err()
+	}
+	if n := s.CommandCount(t, "get"); n != 5 {
+		t.Fatalf("CommandCount(get) = %d, want 5", n)
+	}
+	if n := s.CommandCount(t, "GET"); n != 5 {
+		t.Fatalf("CommandCount(GET) = %d, want 5", n)
+	}
+	if n := s.CommandCount(t, "set"); n != 0 {
+		t.Fatalf("CommandCount(set) = %d, want 0", n)
+	}
+	if err := c.ConfigGet(ctx, "maxmemory").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CommandCount(t, "config get"); n != 1 {
+		t.Fatalf("CommandCount(config get) = %d, want 1", n)
+	}
+	s.ResetStats(t)
+	if n := s.CommandCount(t, "get"); n != 0 {
+		t.Fatalf("CommandCount(get) after ResetStats = %d, want 0", n)
+	}
+	if err := c.Set(ctx, "a", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.FlushAll(t)
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Fatalf("DBSIZE after FlushAll = %d, %v", n, err)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	start := time.Now()
+	c := StartCluster(t, 3)
+	t.Logf("StartCluster(3) took %v", time.Since(start))
+	if len(c.Nodes()) != 3 || len(c.Addrs()) != 3 {
+		t.Fatalf("Nodes/Addrs = %d/%d, want 3", len(c.Nodes()), len(c.Addrs()))
+	}
+	ctx := ctxT(t, 30*time.Second)
+	cc := c.Client(t)
+	c.ResetStats(t)
+	for i := range 200 {
+		if err := cc.Set(ctx, fmt.Sprintf("key:%d", i), i, 0).Err(); err != nil {
+			t.Fatalf("SET key:%d: %v", i, err)
+		}
+	}
+	for _, n := range c.Nodes() {
+		nc := n.Client(t)
+		size, err := nc.DBSize(ctx).Result()
+		if err != nil || size == 0 {
+			t.Fatalf("DBSIZE on %s = %d, %v; want > 0", n.Addr(), size, err)
+		}
+		info, err := nc.ClusterInfo(ctx).Result()
+		if err != nil || !strings.Contains(info, "cluster_state:ok") {
+			t.Fatalf("CLUSTER INFO on %s: %v\n%s", n.Addr(), err, info)
+		}
+		t.Logf("%s holds %d keys", n.Addr(), size)
+	}
+	if n := c.CommandCount(t, "set"); n != 200 {
+		t.Fatalf("cluster CommandCount(set) = %d, want 200", n)
+	}
+	u := c.Universal(t)
+	if _, ok := u.(*redis.ClusterClient); !ok {
+		t.Fatalf("Universal returned %T, want *redis.ClusterClient", u)
+	}
+	if got, err := u.Get(ctx, "key:7").Result(); err != nil || got != "7" {
+		t.Fatalf("GET key:7 via Universal = %q, %v", got, err)
+	}
+
+	// NodeForKey agrees with the server; stopping that node takes the key
+	// down, restarting it brings the cluster back.
+	node := c.NodeForKey(t, "key:7")
+	if got, err := node.Client(t).Get(ctx, "key:7").Result(); err != nil || got != "7" {
+		t.Fatalf("GET key:7 on NodeForKey's node %s = %q, %v", node.Addr(), got, err)
+	}
+	node.Stop(t)
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err := cc.Get(short, "key:7").Err()
+	cancel()
+	if err == nil {
+		t.Fatal("GET of a key on a stopped node succeeded")
+	}
+	start = time.Now()
+	node.Restart(t)
+	t.Logf("cluster node Restart (until cluster_state:ok everywhere) took %v", time.Since(start))
+	if err := cc.Set(ctx, "key:7", "back", 0).Err(); err != nil {
+		t.Fatalf("SET after node Restart: %v", err)
+	}
+	c.FlushAll(t)
+	for _, n := range c.Nodes() {
+		if size, err := n.Client(t).DBSize(ctx).Result(); err != nil || size != 0 {
+			t.Fatalf("DBSIZE on %s after FlushAll = %d, %v", n.Addr(), size, err)
+		}
+	}
+}
+
+func TestTargets(t *testing.T) {
+	haveRedisServer(t)
+	start := time.Now()
+	ts := Targets(t)
+	t.Logf("first Targets call took %v", time.Since(start))
+	if len(ts) != 2 || ts[0].Name != "single" || ts[1].Name != "cluster" {
+		t.Fatalf("Targets = %+v, want single and cluster", ts)
+	}
+	if ts[0].Server == nil || ts[0].Cluster != nil || ts[1].Server != nil || ts[1].Cluster == nil {
+		t.Fatalf("Targets topology fields wrong: %+v", ts)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	for _, tg := range ts {
+		for i := range 20 {
+			if err := tg.Client.Set(ctx, fmt.Sprintf("k%d", i), "v", 0).Err(); err != nil {
+				t.Fatalf("%s: SET: %v", tg.Name, err)
+			}
+		}
+		tg.ResetStats(t)
+		for range 3 {
+			if err := tg.Client.Get(ctx, "k1").Err(); err != nil {
+				t.Fatalf("%s: GET: %v", tg.Name, err)
+			}
+		}
+		if n := tg.CommandCount(t, "get"); n != 3 {
+			t.Fatalf("%s: CommandCount(get) = %d, want 3", tg.Name, n)
+		}
+	}
+	// A test may stop or pause a shared server; the next call heals it.
+	ts[0].Server.Stop(t)
+	ts[1].Cluster.Nodes()[1].Pause(t)
+
+	start = time.Now()
+	ts2 := Targets(t)
+	t.Logf("second Targets call (healing a stopped server and a paused cluster node) took %v", time.Since(start))
+	if ts2[0].Server != ts[0].Server || ts2[1].Cluster != ts[1].Cluster || ts2[0].Server.Addr() != ts[0].Server.Addr() {
+		t.Fatal("second Targets call returned different servers")
+	}
+	for _, tg := range ts2 {
+		for i := range 20 {
+			k := fmt.Sprintf("k%d", i)
+			if n, err := tg.Client.Exists(ctx, k).Result(); err != nil || n != 0 {
+				t.Fatalf("%s: %s survived Targets' flush: n=%d err=%v", tg.Name, k, n, err)
+			}
+		}
+		if n := tg.CommandCount(t, "get"); n != 0 {
+			t.Fatalf("%s: CommandCount(get) = %d after Targets, want 0", tg.Name, n)
+		}
+		if err := tg.Client.Set(ctx, "x", "y", 0).Err(); err != nil {
+			t.Fatalf("%s: SET after heal: %v", tg.Name, err)
+		}
+		tg.FlushAll(t)
+	}
+	start = time.Now()
+	Targets(t)
+	t.Logf("third Targets call took %v", time.Since(start))
+}
+
+func TestFallback(t *testing.T) {
+	old := serverBinary
+	serverBinary = "redis-server-missing-for-redistest"
+	t.Cleanup(func() { serverBinary = old })
+	t.Setenv(RequireEnv, "")
+
+	s := Start(t, "--maxmemory", "1mb")
+	if s.Real() {
+		t.Fatal("Start returned a real server without redis-server on PATH")
+	}
+	ctx := ctxT(t, 5*time.Second)
+	c := s.Client(t, func(o *redis.Options) { o.DialerRetries = 1; o.MaxRetries = -1 })
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET on miniredis: %v", err)
+	}
+	s.ResetStats(t)
+	s.Stop(t)
+	if err := c.Get(ctx, "k").Err(); err == nil || errors.Is(err, redis.Nil) {
+		t.Fatalf("GET on a stopped miniredis: %v", err)
+	}
+	addr := s.Addr()
+	s.Restart(t)
+	if s.Addr() != addr {
+		t.Fatalf("Addr changed across Restart: %s -> %s", addr, s.Addr())
+	}
+	if err := c.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET after miniredis Restart: %v, want redis.Nil", err)
+	}
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.FlushAll(t)
+	if err := c.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET after FlushAll: %v, want redis.Nil", err)
+	}
+
+	skips := map[string]func(t *testing.T){
+		"RequireReal":  func(t *testing.T) { RequireReal(t, s, "this check") },
+		"CommandCount": func(t *testing.T) { s.CommandCount(t, "get") },
+		"Pause":        func(t *testing.T) { s.Pause(t) },
+		"StartCluster": func(t *testing.T) { StartCluster(t, 3) },
+	}
+	for name, f := range skips {
+		var sub *testing.T
+		t.Run(name, func(t *testing.T) {
+			sub = t
+			f(t)
+			t.Error("not skipped")
+		})
+		if !sub.Skipped() {
+			t.Errorf("%s did not skip on the fallback", name)
+		}
+	}
+
+	t.Run("Targets", func(t *testing.T) {
+		Shutdown() // forget the real shared servers, if any
+		t.Cleanup(Shutdown)
+		ts := Targets(t)
+		if len(ts) != 1 || ts[0].Name != "single" || ts[0].Server.Real() {
+			t.Fatalf("Targets on the fallback = %+v, want one miniredis single target", ts)
+		}
+		if err := ts[0].Client.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("required", func(t *testing.T) {
+		t.Setenv(RequireEnv, "1")
+		for name, f := range map[string]func(tb testing.TB){
+			"Start":        func(tb testing.TB) { Start(tb) },
+			"StartCluster": func(tb testing.TB) { StartCluster(tb, 3) },
+			"RequireReal":  func(tb testing.TB) { RequireReal(tb, s, "this check") },
+			"Targets":      func(tb testing.TB) { Shutdown(); Targets(tb) },
+		} {
+			r := runTB(t, f)
+			if r.fatal == "" || r.skipped != "" || !strings.Contains(r.fatal, RequireEnv) {
+				t.Errorf("%s with %s=1: fatal=%q skipped=%q, want a failure naming %s", name, RequireEnv, r.fatal, r.skipped, RequireEnv)
+			}
+		}
+		Shutdown()
+	})
+}
+
+// recTB records Fatal and Skip calls instead of ending the test; f runs in
+// its own goroutine, which they end with runtime.Goexit.
+type recTB struct {
+	testing.TB
+	mu             sync.Mutex
+	fatal, skipped string
+}
+
+func (r *recTB) Fatal(a ...any)            { r.end(&r.fatal, fmt.Sprint(a...)) }
+func (r *recTB) Fatalf(f string, a ...any) { r.end(&r.fatal, fmt.Sprintf(f, a...)) }
+func (r *recTB) FailNow()                  { r.end(&r.fatal, "FailNow") }
+func (r *recTB) Skip(a ...any)             { r.end(&r.skipped, fmt.Sprint(a...)) }
+func (r *recTB) Skipf(f string, a ...any)  { r.end(&r.skipped, fmt.Sprintf(f, a...)) }
+func (r *recTB) SkipNow()                  { r.end(&r.skipped, "SkipNow") }
+
+func (r *recTB) end(dst *string, msg string) {
+	r.mu.Lock()
+	*dst = msg
+	r.mu.Unlock()
+	runtime.Goexit()
+}
+
+func runTB(t *testing.T, f func(tb testing.TB)) *recTB {
+	r := &recTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(r)
+	}()
+	<-done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r
+}

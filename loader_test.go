@@ -1,0 +1,575 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// surge starts n goroutines that wait on one signal and then call f, and
+// returns when all have returned.
+func surge(n int, f func(i int)) {
+	var start, done sync.WaitGroup
+	start.Add(1)
+	done.Add(n)
+	for i := range n {
+		go func() {
+			defer done.Done()
+			start.Wait()
+			f(i)
+		}()
+	}
+	start.Done()
+	done.Wait()
+}
+
+func TestSurgeColdKeyLoadsOnce(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		want := makeChannel(1, 128<<10)
+		var loads atomic.Int64
+		c := mustNew[Channel](t, tg.Client, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			loads.Add(1)
+			time.Sleep(50 * time.Millisecond)
+			return want, nil
+		})))
+		tg.ResetStats(t)
+		var failed atomic.Int64
+		surge(20_000, func(int) {
+			got, err := c.Get(ctx, "cold")
+			if err != nil || got.ID != want.ID || len(got.Messages) != len(want.Messages) {
+				failed.Add(1)
+			}
+		})
+		if n := failed.Load(); n != 0 {
+			t.Fatalf("%d of 20000 callers did not get the value", n)
+		}
+		if n := loads.Load(); n != 1 {
+			t.Fatalf("loader called %d times, want 1", n)
+		}
+		if n := tg.CommandCount(t, "get"); n > 2 {
+			t.Fatalf("Redis GETs = %d, want at most 2", n)
+		}
+		if n := tg.CommandCount(t, "set"); n != 1 {
+			t.Fatalf("Redis SETs = %d, want 1", n)
+		}
+		st := c.Stats()
+		if st.Loads != 1 || st.CoalescedWaits < 19_000 {
+			t.Fatalf("stats: loads %d coalesced %d", st.Loads, st.CoalescedWaits)
+		}
+
+		// The same surge on the now hot key: a handful of GETs at most.
+		tg.ResetStats(t)
+		surge(20_000, func(int) {
+			if _, err := c.Get(ctx, "cold"); err != nil {
+				failed.Add(1)
+			}
+		})
+		if n := failed.Load(); n != 0 {
+			t.Fatalf("%d callers failed on the hot key", n)
+		}
+		if n := tg.CommandCount(t, "get"); n > 5 {
+			t.Fatalf("hot key surge issued %d GETs, want at most 5", n)
+		}
+		if loads.Load() != 1 {
+			t.Fatal("hot key surge called the loader")
+		}
+	})
+}
+
+func TestSurgeAcrossProcessesWithLock(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		var loads atomic.Int64
+		load := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			loads.Add(1)
+			time.Sleep(100 * time.Millisecond)
+			return Channel{ID: key}, nil
+		})
+		// Four "processes": each its own client, cache and coalescing.
+		var caches []*packcache.Cache[Channel]
+		for range 4 {
+			var rdb = tg.Client
+			if tg.Server != nil {
+				rdb = tg.Server.Universal(t)
+			} else {
+				rdb = tg.Cluster.Universal(t)
+			}
+			caches = append(caches, mustNew[Channel](t, rdb, packcache.WithLoader(load), packcache.WithLock(5*time.Second)))
+		}
+		surge(400, func(i int) {
+			got, err := caches[i%4].Get(ctx, "shared")
+			if err != nil || got.ID != "shared" {
+				t.Errorf("Get: %v %v", got, err)
+			}
+		})
+		if n := loads.Load(); n != 1 {
+			t.Fatalf("loader called %d times across 4 processes, want 1", n)
+		}
+		var waits uint64
+		for _, c := range caches {
+			waits += c.Stats().LockWaits
+		}
+		if waits != 3 {
+			t.Fatalf("lock waits = %d, want 3", waits)
+		}
+		if n := tg.Client.Exists(ctx, "shared:packcache-lock").Val(); n != 0 {
+			t.Fatal("lock left behind")
+		}
+	})
+}
+
+func TestLockHolderDies(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	// A dead process's lock: nobody will store the value or release it.
+	rdb.Set(ctx, "k:packcache-lock", "someone-else", 300*time.Millisecond)
+	c := mustNew[Channel](t, rdb, packcache.WithLock(300*time.Millisecond), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		return Channel{ID: "fresh"}, nil
+	})))
+	start := time.Now()
+	got, err := c.Get(ctx, "k")
+	if err != nil || got.ID != "fresh" {
+		t.Fatalf("Get = %v, %v", got, err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("took %v, want about the lease", d)
+	}
+	// Waiting is bounded by the caller's context.
+	rdb.Set(ctx, "j:packcache-lock", "someone-else", time.Minute)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Get(short, "j"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get with a held lock and a short deadline: %v", err)
+	}
+}
+
+func TestWaiterCancellation(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	release := make(chan struct{})
+	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		<-release
+		return Channel{ID: key}, nil
+	})))
+	// The first caller, which started the load, leaves early...
+	first, cancel := context.WithCancel(ctx)
+	firstDone := make(chan error)
+	go func() { _, err := c.Get(first, "k"); firstDone <- err }()
+	time.Sleep(20 * time.Millisecond)
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if v, err := c.Get(ctx, "k"); err == nil && v.ID == "k" {
+				ok.Add(1)
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	if err := <-firstDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled caller got %v", err)
+	}
+	// ...and the others still get the value.
+	close(release)
+	wg.Wait()
+	if ok.Load() != 10 {
+		t.Fatalf("%d of 10 waiters got the value", ok.Load())
+	}
+}
+
+func TestLoaderPanicThenSuccess(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var calls atomic.Int64
+	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		switch calls.Add(1) {
+		case 1:
+			time.Sleep(20 * time.Millisecond)
+			panic("database driver bug")
+		case 2:
+			return Channel{}, errors.New("database down")
+		}
+		return Channel{ID: key}, nil
+	})))
+	var panics atomic.Int64
+	surge(50, func(int) {
+		_, err := c.Get(ctx, "k")
+		var pe *packcache.PanicError
+		if errors.As(err, &pe) && strings.Contains(string(pe.Stack), "loader_test.go") && strings.Contains(err.Error(), "database driver bug") {
+			panics.Add(1)
+		}
+	})
+	if panics.Load() != 50 {
+		t.Fatalf("%d of 50 callers got the panic as an error with its stack", panics.Load())
+	}
+	if _, err := c.Get(ctx, "k"); err == nil || !strings.Contains(err.Error(), "database down") {
+		t.Fatalf("second call: %v", err)
+	}
+	if got, err := c.Get(ctx, "k"); err != nil || got.ID != "k" {
+		t.Fatalf("third call: %v, %v (errors must not be cached)", got, err)
+	}
+	if st := c.Stats(); st.LoadErrors != 2 || st.Loads != 1 {
+		t.Fatalf("stats: %+v", st.Counters)
+	}
+}
+
+func TestNegativeCaching(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		var calls atomic.Int64
+		c := mustNew[Channel](t, tg.Client, packcache.WithNegativeTTL(300*time.Millisecond), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			calls.Add(1)
+			return Channel{}, packcache.ErrNotFound
+		})))
+		for range 5 {
+			if _, err := c.Get(ctx, "gone"); !errors.Is(err, packcache.ErrNotFound) {
+				t.Fatalf("Get: %v, want ErrNotFound", err)
+			}
+		}
+		if calls.Load() != 1 {
+			t.Fatalf("loader called %d times within the negative TTL", calls.Load())
+		}
+		if b := rawGet(t, tg.Client, "gone"); len(b) != 1 || b[0] != codec.HeaderTombstone {
+			t.Fatalf("tombstone stored as %x", b)
+		}
+		// A plain reader without a loader sees ErrNotFound too.
+		plain := mustNew[Channel](t, tg.Client)
+		if _, err := plain.Get(ctx, "gone"); !errors.Is(err, packcache.ErrNotFound) {
+			t.Fatalf("plain Get of a tombstone: %v", err)
+		}
+		time.Sleep(400 * time.Millisecond)
+		c.Get(ctx, "gone")
+		if calls.Load() != 2 {
+			t.Fatalf("after expiry loader called %d times, want 2", calls.Load())
+		}
+		if c.Stats().NotFoundHits < 4 {
+			t.Fatalf("NotFoundHits = %d", c.Stats().NotFoundHits)
+		}
+	})
+}
+
+func TestTTLJitterBounds(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(100*time.Second), packcache.WithTTLJitter(0.2))
+	lo, hi := time.Hour, time.Duration(0)
+	for i := range 200 {
+		k := fmt.Sprint("j", i)
+		c.Set(ctx, k, Channel{})
+		d := rdb.PTTL(ctx, k).Val()
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if lo < 79*time.Second || hi > 100*time.Second {
+		t.Fatalf("TTLs in [%v, %v], want within [80s, 100s]", lo, hi)
+	}
+	if hi-lo < 10*time.Second {
+		t.Fatalf("TTLs in [%v, %v]: not spread", lo, hi)
+	}
+}
+
+func TestEarlyRefreshOnce(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var calls atomic.Int64
+	release := make(chan struct{})
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(10*time.Second), packcache.WithRefreshAfter(time.Second),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			n := calls.Add(1)
+			if n > 1 {
+				<-release
+			}
+			return Channel{ID: fmt.Sprint(n)}, nil
+		})))
+	if v, _ := c.Get(ctx, "k"); v.ID != "1" {
+		t.Fatalf("first Get = %q", v.ID)
+	}
+	rdb.PExpire(ctx, "k", 8500*time.Millisecond) // now 1.5 s old
+	surge(200, func(int) {
+		if v, err := c.Get(ctx, "k"); err != nil || v.ID != "1" {
+			t.Errorf("during refresh Get = %q, %v, want the cached value", v.ID, err)
+		}
+	})
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v, _ := c.Get(ctx, "k")
+		if v.ID == "2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("refreshed value never arrived")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("loader called %d times, want 2 (one refresh)", n)
+	}
+	if r := c.Stats().Refreshes; r != 1 {
+		t.Fatalf("Refreshes = %d, want 1", r)
+	}
+}
+
+func TestStaleOnError(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var fail atomic.Bool
+	var handled atomic.Int64
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(200*time.Millisecond), packcache.WithStaleFor(5*time.Second),
+		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) { handled.Add(1) }),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			if fail.Load() {
+				return Channel{}, errors.New("database down")
+			}
+			return Channel{ID: "v1"}, nil
+		})))
+	c.Get(ctx, "k")
+	fail.Store(true)
+	time.Sleep(300 * time.Millisecond) // past its TTL, within StaleFor
+	v, err := c.Get(ctx, "k")
+	if err != nil || v.ID != "v1" {
+		t.Fatalf("Get of a stale value with a failing loader = %v, %v", v, err)
+	}
+	if c.Stats().StaleServes != 1 || handled.Load() == 0 {
+		t.Fatalf("stale serves %d, errors handled %d", c.Stats().StaleServes, handled.Load())
+	}
+	// A plain reader treats a value past its TTL as missing.
+	if _, err := mustNew[Channel](t, rdb, packcache.WithStaleFor(5*time.Second), packcache.WithTTL(200*time.Millisecond)).Get(ctx, "k"); !errors.Is(err, packcache.ErrMiss) {
+		t.Fatalf("plain Get of a stale value: %v", err)
+	}
+	fail.Store(false)
+	c.Get(ctx, "k")
+	if d := rdb.PTTL(ctx, "k").Val(); d < 5*time.Second {
+		t.Fatalf("after a good reload PTTL = %v, want TTL+StaleFor", d)
+	}
+}
+
+func TestUndecodableValueReloaded(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var reported []error
+	var mu sync.Mutex
+	c := mustNew[Channel](t, rdb,
+		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() }),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			return Channel{ID: "fresh"}, nil
+		})))
+	rdb.Set(ctx, "k", []byte{0x09 + 0x0c, 1, 2, 3}, 0) // 0x15: an unregistered user header
+	v, err := c.Get(ctx, "k")
+	if err != nil || v.ID != "fresh" {
+		t.Fatalf("Get = %v, %v", v, err)
+	}
+	if len(reported) != 1 || !errors.Is(reported[0], packcache.ErrUnknownHeader) {
+		t.Fatalf("reported %v", reported)
+	}
+	if b := rawGet(t, rdb, "k"); b[0] != '{' {
+		t.Fatalf("value not overwritten: %x", b[:4])
+	}
+	if c.Stats().DecodeErrors != 1 {
+		t.Fatal("decode error not counted")
+	}
+}
+
+func TestDoNotCache(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb)
+	v, err := c.GetOrLoad(ctx, "partial", func(ctx context.Context) (Channel, error) {
+		return Channel{ID: "degraded"}, packcache.DoNotCache
+	})
+	if err != nil || v.ID != "degraded" {
+		t.Fatalf("GetOrLoad = %v, %v", v, err)
+	}
+	if rdb.Exists(ctx, "partial").Val() != 0 {
+		t.Fatal("DoNotCache value was stored")
+	}
+}
+
+func TestRedisDownReadThrough(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "stops and restarts the server")
+	ctx := ctxT(t)
+	var loads atomic.Int64
+	var handled atomic.Int64
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, 300*time.Millisecond),
+		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) {
+			if errors.Is(err, packcache.ErrRedis) {
+				handled.Add(1)
+			}
+		}),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			loads.Add(1)
+			return Channel{ID: key}, nil
+		})))
+	if _, err := c.Get(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop(t)
+	for i := range 20 {
+		v, err := c.Get(ctx, "a")
+		if err != nil || v.ID != "a" {
+			t.Fatalf("Get %d with Redis down = %v, %v", i, v, err)
+		}
+	}
+	if handled.Load() == 0 || c.Stats().RedisErrors == 0 {
+		t.Fatal("Redis errors not reported")
+	}
+	// The breaker is open: Gets do not touch Redis at all.
+	before := c.Stats().RedisErrors
+	start := time.Now()
+	for range 100 {
+		c.Get(ctx, "a")
+	}
+	if c.Stats().RedisErrors != before {
+		t.Fatalf("open breaker still tried Redis: %d more errors", c.Stats().RedisErrors-before)
+	}
+	if d := time.Since(start); d > 200*time.Millisecond {
+		t.Fatalf("100 Gets with the breaker open took %v", d)
+	}
+	// Strict mode fails instead.
+	strict := mustNew[Channel](t, rdb, packcache.WithStrictRedis(), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		return Channel{}, nil
+	})))
+	if _, err := strict.Get(ctx, "a"); !errors.Is(err, packcache.ErrRedis) {
+		t.Fatalf("strict Get with Redis down: %v", err)
+	}
+	s.Restart(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c.Get(ctx, "b") // stores once the breaker lets a call through
+		if rdb.Exists(ctx, "b").Val() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("cache never used Redis again after restart")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // past the share window of the load
+	hits := c.Stats().Hits
+	if v, err := c.Get(ctx, "b"); err != nil || v.ID != "b" || c.Stats().Hits != hits+1 {
+		t.Fatalf("after recovery: %v, %v, hits %d", v, err, c.Stats().Hits-hits)
+	}
+}
+
+func TestGetOrLoadMany(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		c := mustNew[Channel](t, tg.Client, packcache.WithNegativeTTL(time.Minute))
+		var keys []string
+		for i := range 100 {
+			keys = append(keys, fmt.Sprint("m:", i))
+		}
+		for _, k := range keys[:40] {
+			c.Set(ctx, k, Channel{ID: k, Title: "cached"})
+		}
+		var asked [][]string
+		var mu sync.Mutex
+		fn := func(ctx context.Context, missing []string) (map[string]Channel, error) {
+			mu.Lock()
+			asked = append(asked, append([]string(nil), missing...))
+			mu.Unlock()
+			out := map[string]Channel{}
+			for _, k := range missing {
+				if k != "m:99" { // m:99 does not exist at the source
+					out[k] = Channel{ID: k, Title: "loaded"}
+				}
+			}
+			return out, nil
+		}
+		got, err := c.GetOrLoadMany(ctx, keys, fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 99 || len(asked) != 1 || len(asked[0]) != 60 {
+			t.Fatalf("got %d values; loader asked %d times for %v", len(got), len(asked), asked)
+		}
+		if got["m:1"].Title != "cached" || got["m:50"].Title != "loaded" {
+			t.Fatal("wrong values")
+		}
+		// Everything is now cached (m:99 as not found).
+		got, err = c.GetOrLoadMany(ctx, keys, fn)
+		if err != nil || len(got) != 99 || len(asked) != 1 {
+			t.Fatalf("second call: %d values, %d loads, %v", len(got), len(asked), err)
+		}
+		if !reflect.DeepEqual(got["m:50"], Channel{ID: "m:50", Title: "loaded"}) {
+			t.Fatal("stored value differs")
+		}
+	})
+}
+
+func TestGetOrLoadManySharesInFlight(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	release := make(chan struct{})
+	var single atomic.Int64
+	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		single.Add(1)
+		<-release
+		return Channel{ID: key, Title: "from Get"}, nil
+	})))
+	go c.Get(ctx, "x")
+	time.Sleep(30 * time.Millisecond)
+	var missingSeen []string
+	done := make(chan map[string]Channel)
+	go func() {
+		m, _ := c.GetOrLoadMany(ctx, []string{"x", "y"}, func(ctx context.Context, missing []string) (map[string]Channel, error) {
+			missingSeen = missing
+			return map[string]Channel{"y": {ID: "y"}}, nil
+		})
+		done <- m
+	}()
+	time.Sleep(30 * time.Millisecond)
+	close(release)
+	m := <-done
+	if len(missingSeen) != 1 || missingSeen[0] != "y" {
+		t.Fatalf("batch loader asked for %v, want only y", missingSeen)
+	}
+	if m["x"].Title != "from Get" || m["y"].ID != "y" {
+		t.Fatalf("got %v", m)
+	}
+}
+
+func TestDecodePerCaller(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	for _, per := range []bool{false, true} {
+		opts := []packcache.Option{}
+		if per {
+			opts = append(opts, packcache.WithDecodePerCaller())
+		}
+		c := mustNew[[]Message](t, rdb, opts...)
+		c.Set(ctx, "k", []Message{{ID: 1}, {ID: 2}})
+		var mu sync.Mutex
+		seen := map[*Message]int{}
+		surge(50, func(int) {
+			v, err := c.Get(ctx, "k")
+			if err != nil || len(v) != 2 {
+				t.Errorf("Get: %v", err)
+				return
+			}
+			mu.Lock()
+			seen[&v[0]]++
+			mu.Unlock()
+		})
+		if per && len(seen) != 50 {
+			t.Fatalf("per-caller decode: %d distinct values for 50 callers", len(seen))
+		}
+		if !per && len(seen) >= 50 {
+			t.Fatalf("shared decode: %d distinct values for 50 callers", len(seen))
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package packcache
+
+import (
+	"bytes"
+	"encoding/gob"
+	"encoding/json"
+)
+
+// A Serializer turns values into bytes and back. Implementations must be
+// safe for concurrent use.
+type Serializer interface {
+	// Marshal appends the encoding of the value v points to to dst and
+	// returns the extended slice.
+	Marshal(dst []byte, v any) ([]byte, error)
+
+	// Unmarshal decodes data into the value v points to. It must not retain
+	// data after it returns: the cache reuses the buffer.
+	Unmarshal(data []byte, v any) error
+
+	// Text reports whether the output is text a reader may meet verbatim,
+	// such as JSON. Such values are stored without a header when they are
+	// not compressed, so they stay readable in redis-cli and readable by
+	// code that knows nothing of packcache. A serializer of a binary format
+	// (msgpack, protobuf, gob) returns false, and every value it writes
+	// carries a header. See FORMAT.md.
+	Text() bool
+}
+
+// JSON is the default Serializer: encoding/json, with the output of
+// json.Marshal less nothing and plus nothing.
+var JSON Serializer = jsonSerializer{}
+
+// Gob is a Serializer using encoding/gob. Each value carries its own type
+// description, so it suits values whose types change rarely.
+var Gob Serializer = gobSerializer{}
+
+type jsonSerializer struct{}
+
+func (jsonSerializer) Marshal(dst []byte, v any) ([]byte, error) {
+	w := appendWriter{dst}
+	enc := json.NewEncoder(&w)
+	if err := enc.Encode(v); err != nil {
+		return dst, err
+	}
+	// Encoder.Encode writes into dst directly, sparing the copy that
+	// json.Marshal makes, but ends the value with a newline Marshal does not.
+	return w.b[:len(w.b)-1], nil
+}
+
+func (jsonSerializer) Unmarshal(data []byte, v any) error {
+	// JSON text may begin with a UTF-8 byte-order mark (RFC 8259 lets a
+	// parser ignore it), and other writers leave one; encoding/json does
+	// not skip it.
+	return json.Unmarshal(bytes.TrimPrefix(data, bom), v)
+}
+
+var bom = []byte("\xef\xbb\xbf")
+func (jsonSerializer) Text() bool                         { return true }
+
+type gobSerializer struct{}
+
+func (gobSerializer) Marshal(dst []byte, v any) ([]byte, error) {
+	w := appendWriter{dst}
+	if err := gob.NewEncoder(&w).Encode(v); err != nil {
+		return dst, err
+	}
+	return w.b, nil
+}
+
+func (gobSerializer) Unmarshal(data []byte, v any) error {
+	return gob.NewDecoder(bytes.NewReader(data)).Decode(v)
+}
+func (gobSerializer) Text() bool { return false }
+
+// appendWriter is an io.Writer that appends to a slice.
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
