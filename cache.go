@@ -55,8 +55,9 @@ type Cache[T any] struct {
 	base       *policy[T]
 	prefixes   []*policy[T] // longest prefix first
 	breaker    breaker
-	lookups    group[result[T]] // Gets without a loader
-	loads      group[result[T]] // Gets with a loader
+	lookups    group[result[T]] // Gets without a loader: read and decode
+	reads      group[result[T]] // Gets with a loader: read, decode, and load on a miss
+	loads      group[result[T]] // loads, shared by reads and GetOrLoadMany
 	refreshing group[struct{}]
 	wg         sync.WaitGroup
 	closed     context.Context
@@ -114,15 +115,15 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		lockLease: cfg.lock,
 		breaker:   breaker{cfg: cfg.breaker},
 	}
-	c.lookups.wg, c.loads.wg, c.refreshing.wg = &c.wg, &c.wg, &c.wg
+	c.lookups.wg, c.reads.wg, c.loads.wg, c.refreshing.wg = &c.wg, &c.wg, &c.wg, &c.wg
 	if w := cfg.shareWindow; w > 0 {
 		hold := func(r result[T], err error) time.Duration {
-			if err != nil || r.stale {
+			if (err != nil && err != ErrNotFound) || r.stale {
 				return 0
 			}
 			return w
 		}
-		c.lookups.hold, c.loads.hold = hold, hold
+		c.lookups.hold, c.reads.hold = hold, hold
 	}
 	c.closed, c.close = context.WithCancel(context.Background())
 	var err error
@@ -214,24 +215,19 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 }
 
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
-	var (
-		r      result[T]
-		err    error
-		shared bool
-	)
-	if c.coalesce {
-		g := &c.lookups
-		if ld != nil {
-			g = &c.loads
-		}
-		r, err, shared = g.do(ctx, key, detach(ctx, c.closed, c.timeout), func(ctx context.Context) (result[T], error) {
-			return c.lookup(ctx, key, p, ld)
-		})
-		if shared {
-			p.stats.coalescedWaits.Add(1)
-		}
-	} else {
-		r, err = c.lookup(ctx, key, p, ld)
+	if !c.coalesce {
+		r, err := c.lookup(ctx, key, p, ld)
+		return c.deliver(key, p, r, err)
+	}
+	g := &c.lookups
+	if ld != nil {
+		g = &c.reads
+	}
+	r, err, shared := g.do(ctx, key, func(ctx context.Context) (result[T], error) {
+		return c.lookup(ctx, key, p, ld)
+	})
+	if shared {
+		p.stats.coalescedWaits.Add(1)
 	}
 	return c.deliver(key, p, r, err)
 }
@@ -307,10 +303,19 @@ func (c *Cache[T]) lookup(ctx context.Context, key string, p *policy[T], ld Load
 			return result[T]{}, keyErr("get", key, &kindError{ErrRedis, ErrCircuitOpen})
 		}
 	}
-	if redisUp && c.lockLease > 0 {
-		return c.loadLocked(ctx, key, p, ld, stale)
+	load := func(ctx context.Context) (result[T], error) {
+		if redisUp && c.lockLease > 0 {
+			return c.loadLocked(ctx, key, p, ld, stale)
+		}
+		return c.load(ctx, key, p, ld, stale, redisUp)
 	}
-	return c.load(ctx, key, p, ld, stale, redisUp)
+	if !c.coalesce {
+		return load(ctx)
+	}
+	// The load runs detached from this caller, who may leave, while the
+	// callers sharing this read, and later ones, wait for it.
+	r, err, _ := c.loads.start(ctx, key, detach(ctx, c.closed, c.timeout), load)
+	return r, err
 }
 
 // load calls the loader and, when Redis is up, stores what it returns.
@@ -786,7 +791,7 @@ func (c *Cache[T]) Stats() Stats {
 // process's callers see a write it has just made.
 func (c *Cache[T]) forget(key string) {
 	c.lookups.forget(key)
-	c.loads.forget(key)
+	c.reads.forget(key)
 }
 
 // redisFailed counts a failed Redis call and feeds the circuit breaker.

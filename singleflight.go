@@ -13,19 +13,23 @@ import (
 var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 
 // A group coalesces concurrent calls that share a key: the first starts the
-// work, later ones wait for its result. Unlike x/sync/singleflight, the work
-// runs on a goroutine of its own under a context detached from the first
-// caller's, so that every caller, the first included, can leave when its own
-// context ends without failing the others.
+// work, later ones wait for its result. It is modelled on
+// golang.org/x/sync/singleflight, typed, and differs in three ways:
+//
+//   - every caller waits under its own context and can leave when it ends;
+//   - work runs either on the first caller's goroutine (do: cheap, for a
+//     Redis read) or on a goroutine of its own under a detached context
+//     (start: for a load, which must survive the caller that began it);
+//   - a result can stay shared for a while after the work ends (hold), so
+//     that a surge whose callers straggle in still costs one piece of work.
 type group[V any] struct {
-	mu sync.Mutex
-	m  map[string]*call[V]
-	wg *sync.WaitGroup // the cache's, so Close can wait for the work
+	mu   sync.Mutex
+	m    map[string]*call[V]
+	held []heldCall[V] // results still shared, oldest first
+	wg   *sync.WaitGroup
 
-	// hold says how long a finished call's result stays shared with
-	// callers that arrive after it (nil: not at all). A surge's callers
-	// do not all arrive within one Redis read; without this, each read
-	// that ends lets the next arrivals start another.
+	// hold says how long a finished call's result stays shared (nil or a
+	// zero duration: not at all).
 	hold func(V, error) time.Duration
 }
 
@@ -36,32 +40,103 @@ type call[V any] struct {
 	val     V
 	err     error
 	expires int64 // unix nanoseconds a held result stops being shared; 0 while running
+	retry   bool  // the caller doing the work left; waiters must start anew
 }
 
-// do returns the result of fn for key, starting fn unless a call for key is
-// already under way, in which case shared is true. fn runs under work, a
-// context the caller derives (detached and bounded); the caller waits until
-// fn returns or ctx is done, whichever is first.
-func (g *group[V]) do(ctx context.Context, key string, work func() (context.Context, context.CancelFunc), fn func(context.Context) (V, error)) (v V, err error, shared bool) {
-	g.mu.Lock()
+type heldCall[V any] struct {
+	key string
+	c   *call[V]
+}
+
+// join returns the call under way for key, or registers c as that call.
+// g.mu must be held.
+func (g *group[V]) join(key string, now int64) (*call[V], bool) {
+	g.expire(now)
 	if g.m == nil {
 		g.m = make(map[string]*call[V])
 	}
-	c, shared := g.m[key]
-	if shared && c.expires != 0 && time.Now().UnixNano() >= c.expires {
-		shared = false // a held result past its time
+	if c, ok := g.m[key]; ok && (c.expires == 0 || now < c.expires) {
+		return c, true
 	}
-	if !shared {
-		c = &call[V]{done: make(chan struct{})}
-		g.m[key] = c
+	c := &call[V]{done: make(chan struct{})}
+	g.m[key] = c
+	return c, false
+}
+
+// expire forgets held results whose time is over. Holds all last equally
+// long, so the oldest are first. g.mu must be held.
+func (g *group[V]) expire(now int64) {
+	n := 0
+	for ; n < len(g.held) && g.held[n].c.expires <= now; n++ {
+		h := g.held[n]
+		if g.m[h.key] == h.c {
+			delete(g.m, h.key)
+		}
+	}
+	if n > 0 {
+		g.held = append(g.held[:0], g.held[n:]...)
+	}
+}
+
+// do returns the result of fn for key. The first caller runs fn on its own
+// goroutine under its own context; later callers wait for that result or
+// until their context ends. If the first caller's context ends before fn
+// succeeds, the waiters start the work again, one of them taking the lead,
+// so that one caller's cancellation never fails the others.
+func (g *group[V]) do(ctx context.Context, key string, fn func(context.Context) (V, error)) (v V, err error, shared bool) {
+	for {
+		g.mu.Lock()
+		c, joined := g.join(key, time.Now().UnixNano())
+		g.mu.Unlock()
+		if joined {
+			v, err = wait(ctx, c)
+			if err == nil || !c.retry || ctx.Err() != nil {
+				return v, err, true
+			}
+			continue
+		}
+		g.lead(ctx, key, c, fn)
+		return c.val, c.err, false
+	}
+}
+
+func (g *group[V]) lead(ctx context.Context, key string, c *call[V], fn func(context.Context) (V, error)) {
+	// Deferred, so that waiters are released even if fn calls
+	// runtime.Goexit on this goroutine.
+	defer func() {
+		if c.err != nil && ctx.Err() != nil {
+			c.retry = true
+		}
+		g.finish(key, c)
+	}()
+	protect(ctx, fn, &c.val, &c.err)
+}
+
+// start is do with fn run on a goroutine of its own under the context work
+// returns (detached from the caller's cancellation and bounded), so that
+// fn goes on for the others when the first caller leaves.
+func (g *group[V]) start(ctx context.Context, key string, work func() (context.Context, context.CancelFunc), fn func(context.Context) (V, error)) (v V, err error, shared bool) {
+	g.mu.Lock()
+	c, joined := g.join(key, time.Now().UnixNano())
+	if !joined {
 		g.wg.Add(1)
-		g.mu.Unlock()
+	}
+	g.mu.Unlock()
+	if !joined {
 		go g.run(key, c, work, fn)
-	} else {
-		g.mu.Unlock()
 	}
 	v, err = wait(ctx, c)
-	return v, err, shared
+	return v, err, joined
+}
+
+func (g *group[V]) run(key string, c *call[V], work func() (context.Context, context.CancelFunc), fn func(context.Context) (V, error)) {
+	defer g.wg.Done()
+	// finish runs deferred so that waiters are released even when fn
+	// calls runtime.Goexit.
+	defer g.finish(key, c)
+	ctx, cancel := work()
+	defer cancel()
+	protect(ctx, fn, &c.val, &c.err)
 }
 
 // claim registers calls for those keys not under way and returns them (to
@@ -70,23 +145,18 @@ func (g *group[V]) do(ctx context.Context, key string, work func() (context.Cont
 func (g *group[V]) claim(keys []string) (own, others map[string]*call[V]) {
 	own = make(map[string]*call[V], len(keys))
 	others = make(map[string]*call[V])
+	now := time.Now().UnixNano()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.m == nil {
-		g.m = make(map[string]*call[V])
-	}
-	now := time.Now().UnixNano()
 	for _, k := range keys {
 		if _, mine := own[k]; mine {
 			continue
 		}
-		if c, ok := g.m[k]; ok && (c.expires == 0 || now < c.expires) {
+		if c, joined := g.join(k, now); joined {
 			others[k] = c
-			continue
+		} else {
+			own[k] = c
 		}
-		c := &call[V]{done: make(chan struct{})}
-		g.m[k] = c
-		own[k] = c
 	}
 	return own, others
 }
@@ -95,14 +165,14 @@ func (g *group[V]) claim(keys []string) (own, others map[string]*call[V]) {
 // at once or after the hold.
 func (g *group[V]) finish(key string, c *call[V]) {
 	var hold time.Duration
-	if g.hold != nil {
+	if g.hold != nil && !c.retry {
 		hold = g.hold(c.val, c.err)
 	}
 	g.mu.Lock()
 	if g.m[key] == c {
 		if hold > 0 {
 			c.expires = time.Now().Add(hold).UnixNano()
-			time.AfterFunc(hold, func() { g.drop(key, c) })
+			g.held = append(g.held, heldCall[V]{key, c})
 		} else {
 			delete(g.m, key)
 		}
@@ -111,16 +181,8 @@ func (g *group[V]) finish(key string, c *call[V]) {
 	close(c.done)
 }
 
-func (g *group[V]) drop(key string, c *call[V]) {
-	g.mu.Lock()
-	if g.m[key] == c {
-		delete(g.m, key)
-	}
-	g.mu.Unlock()
-}
-
 // forget makes later callers of key start new work rather than join work
-// under way, whose result may predate a write that has just happened.
+// under way or a held result, which may predate a write just made.
 func (g *group[V]) forget(key string) {
 	g.mu.Lock()
 	delete(g.m, key)
@@ -133,16 +195,6 @@ func (g *group[V]) inFlight(key string) bool {
 	c, ok := g.m[key]
 	g.mu.Unlock()
 	return ok && c.expires == 0
-}
-
-func (g *group[V]) run(key string, c *call[V], work func() (context.Context, context.CancelFunc), fn func(context.Context) (V, error)) {
-	defer g.wg.Done()
-	// finish runs deferred so that waiters are released even when fn
-	// panics or calls runtime.Goexit.
-	defer g.finish(key, c)
-	ctx, cancel := work()
-	defer cancel()
-	protect(ctx, fn, &c.val, &c.err)
 }
 
 // protect calls fn, turning a panic into a *PanicError and runtime.Goexit
@@ -167,6 +219,11 @@ func protect[V any](ctx context.Context, fn func(context.Context) (V, error), vp
 }
 
 func wait[V any](ctx context.Context, c *call[V]) (V, error) {
+	select {
+	case <-c.done:
+		return c.val, c.err
+	default:
+	}
 	select {
 	case <-c.done:
 		return c.val, c.err

@@ -1,0 +1,110 @@
+package packcache
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func newGroup() *group[int] { return &group[int]{wg: new(sync.WaitGroup)} }
+
+func TestGroupLeaderCancelledWaitersRetry(t *testing.T) {
+	g := newGroup()
+	g.hold = func(int, error) time.Duration { return time.Second } // retries share one call
+	var calls atomic.Int64
+	fn := func(ctx context.Context) (int, error) {
+		if calls.Add(1) == 1 {
+			<-ctx.Done() // the first leader's caller leaves mid-read
+			return 0, ctx.Err()
+		}
+		return 42, nil
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	leaderDone := make(chan error)
+	go func() { _, err, _ := g.do(lctx, "k", fn); leaderDone <- err }()
+	for !g.inFlight("k") {
+		runtime.Gosched()
+	}
+	var wg sync.WaitGroup
+	var got atomic.Int64
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if v, err, _ := g.do(context.Background(), "k", fn); err == nil && v == 42 {
+				got.Add(1)
+			}
+		}()
+	}
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	if err := <-leaderDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("leader got %v", err)
+	}
+	wg.Wait()
+	if got.Load() != 10 {
+		t.Fatalf("%d of 10 waiters got the value after the leader left", got.Load())
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("fn ran %d times, want 2 (the cancelled one and one retry)", calls.Load())
+	}
+}
+
+func TestGroupPanicAndGoexit(t *testing.T) {
+	g := newGroup()
+	_, err, _ := g.do(context.Background(), "p", func(context.Context) (int, error) { panic("boom") })
+	var pe *PanicError
+	if !errors.As(err, &pe) || pe.Value != "boom" || len(pe.Stack) == 0 {
+		t.Fatalf("panic: %v", err)
+	}
+	_, err, _ = g.start(context.Background(), "x", detach(context.Background(), context.Background(), time.Second), func(context.Context) (int, error) {
+		runtime.Goexit()
+		return 0, nil
+	})
+	if !errors.Is(err, errGoexit) {
+		t.Fatalf("Goexit: %v", err)
+	}
+	g.wg.Wait()
+	// Errors are not kept: the next call runs again.
+	v, err, _ := g.do(context.Background(), "p", func(context.Context) (int, error) { return 1, nil })
+	if v != 1 || err != nil {
+		t.Fatalf("after panic: %v %v", v, err)
+	}
+}
+
+func TestGroupHold(t *testing.T) {
+	g := newGroup()
+	g.hold = func(int, error) time.Duration { return 30 * time.Millisecond }
+	var calls atomic.Int64
+	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
+	ctx := context.Background()
+	g.do(ctx, "k", fn)
+	if v, _, shared := g.do(ctx, "k", fn); v != 1 || !shared {
+		t.Fatalf("within the hold: %v shared=%v", v, shared)
+	}
+	g.forget("k")
+	if v, _, _ := g.do(ctx, "k", fn); v != 2 {
+		t.Fatalf("after forget: %v", v)
+	}
+	time.Sleep(40 * time.Millisecond)
+	if v, _, _ := g.do(ctx, "k", fn); v != 3 {
+		t.Fatalf("after the hold: %v", v)
+	}
+	// Expired holds are dropped from the map, so keys never asked for
+	// again do not pile up.
+	for i := range 100 {
+		g.do(ctx, string(rune('a'+i)), fn)
+	}
+	time.Sleep(40 * time.Millisecond)
+	g.do(ctx, "z2", fn)
+	g.mu.Lock()
+	n := len(g.m)
+	g.mu.Unlock()
+	if n > 1 {
+		t.Fatalf("%d entries left after their holds expired", n)
+	}
+}
