@@ -363,7 +363,11 @@ func TestUndecodableValueReloaded(t *testing.T) {
 	var reported []error
 	var mu sync.Mutex
 	c := mustNew[Channel](t, rdb,
-		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() }),
+		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) {
+			mu.Lock()
+			reported = append(reported, err)
+			mu.Unlock()
+		}),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			return Channel{ID: "fresh"}, nil
 		})))

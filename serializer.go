@@ -55,7 +55,8 @@ func (jsonSerializer) Unmarshal(data []byte, v any) error {
 }
 
 var bom = []byte("\xef\xbb\xbf")
-func (jsonSerializer) Text() bool                         { return true }
+
+func (jsonSerializer) Text() bool { return true }
 
 type gobSerializer struct{}
 

@@ -44,10 +44,10 @@ type CodecStats struct {
 }
 
 type counters struct {
-	hits, misses, sets, decodeErrors, redisErrors         atomic.Uint64
-	loads, loadErrors, notFoundHits, coalescedWaits       atomic.Uint64
-	lockWaits, refreshes, staleServes                     atomic.Uint64
-	codecs                                                [256]codecCounters
+	hits, misses, sets, decodeErrors, redisErrors   atomic.Uint64
+	loads, loadErrors, notFoundHits, coalescedWaits atomic.Uint64
+	lockWaits, refreshes, staleServes               atomic.Uint64
+	codecs                                          [256]codecCounters
 }
 
 type codecCounters struct {
