@@ -117,11 +117,14 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	}
 	c.lookups.wg, c.reads.wg, c.loads.wg, c.refreshing.wg = &c.wg, &c.wg, &c.wg, &c.wg
 	if w := cfg.shareWindow; w > 0 {
-		hold := func(r result[T], err error) time.Duration {
+		hold := func(r result[T], err error, took time.Duration) time.Duration {
 			if (err != nil && err != ErrNotFound) || r.stale {
 				return 0
 			}
-			return w
+			// A value that took long to make (a load) stays shared for as
+			// long as it took, up to a second: the stragglers of the surge
+			// that waited for it are still arriving.
+			return max(w, min(took, time.Second))
 		}
 		c.lookups.hold, c.reads.hold = hold, hold
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	gojson "github.com/goccy/go-json"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache"
@@ -395,7 +396,7 @@ func TestBadValues(t *testing.T) {
 	if !errors.As(err, &he) || he.Byte != 0x06 || !strings.Contains(err.Error(), "0x06") {
 		t.Errorf("unknown header error %v does not say which byte", err)
 	}
-	var te *json.UnmarshalTypeError
+	var te *gojson.UnmarshalTypeError // the default serializer's own error
 	if _, err := c.Get(ctx, "wrong-type"); !errors.As(err, &te) {
 		t.Errorf("wrong type: %v does not keep the serializer's error", err)
 	}

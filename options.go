@@ -285,8 +285,9 @@ func WithCoalescing(on bool) Option {
 // stays shared with callers of the same key that arrive after the read or
 // load ended; the default is DefaultShareWindow. A surge's callers do not
 // all arrive within one Redis read: with a window, the whole surge costs
-// one read and one decode instead of one per read's length of arrivals.
-// The price is that such a caller may see a value up to d older than what
+// one read and one decode instead of one per read's length of arrivals. A
+// value that took longer than d to make (a load, typically) stays shared
+// for as long as it took, up to a second. The price is that such a caller may see a value up to d older than what
 // Redis holds if another process wrote the key meanwhile; a Set or Delete
 // through this cache ends the window for its key at once. Zero turns the
 // window off.

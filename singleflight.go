@@ -16,10 +16,11 @@ var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 // work, later ones wait for its result. It is modelled on
 // golang.org/x/sync/singleflight, typed, and differs in three ways:
 //
-//   - every caller waits under its own context and can leave when it ends;
-//   - work runs either on the first caller's goroutine (do: cheap, for a
-//     Redis read) or on a goroutine of its own under a detached context
-//     (start: for a load, which must survive the caller that began it);
+//   - every caller, the first included, waits under its own context and
+//     can leave when it ends, while the work goes on for the others;
+//   - work runs on a goroutine of its own, detached from the first
+//     caller's cancellation (do: bounded by the Redis client's timeouts;
+//     start: by a timeout of its own, for a load);
 //   - a result can stay shared for a while after the work ends (hold), so
 //     that a surge whose callers straggle in still costs one piece of work.
 type group[V any] struct {
@@ -28,9 +29,9 @@ type group[V any] struct {
 	held []heldCall[V] // results still shared, oldest first
 	wg   *sync.WaitGroup
 
-	// hold says how long a finished call's result stays shared (nil or a
-	// zero duration: not at all).
-	hold func(V, error) time.Duration
+	// hold says how long a finished call's result, which took the given
+	// time to make, stays shared (nil or a zero duration: not at all).
+	hold func(v V, err error, took time.Duration) time.Duration
 }
 
 // A call is one unit of shared work. done is closed once val and err are
@@ -39,8 +40,8 @@ type call[V any] struct {
 	done    chan struct{}
 	val     V
 	err     error
+	started int64 // unix nanoseconds the work began
 	expires int64 // unix nanoseconds a held result stops being shared; 0 while running
-	retry   bool  // the caller doing the work left; waiters must start anew
 }
 
 type heldCall[V any] struct {
@@ -58,57 +59,63 @@ func (g *group[V]) join(key string, now int64) (*call[V], bool) {
 	if c, ok := g.m[key]; ok && (c.expires == 0 || now < c.expires) {
 		return c, true
 	}
-	c := &call[V]{done: make(chan struct{})}
+	c := &call[V]{done: make(chan struct{}), started: now}
 	g.m[key] = c
 	return c, false
 }
 
-// expire forgets held results whose time is over. Holds all last equally
-// long, so the oldest are first. g.mu must be held.
+// expire forgets held results whose time is over. Holds differ in length,
+// so this looks past the first that is still live, but only as far as the
+// longest hold allows: a handful of entries per call. g.mu must be held.
 func (g *group[V]) expire(now int64) {
-	n := 0
-	for ; n < len(g.held) && g.held[n].c.expires <= now; n++ {
-		h := g.held[n]
-		if g.m[h.key] == h.c {
+	if len(g.held) == 0 || g.held[0].c.expires > now {
+		return
+	}
+	live := g.held[:0]
+	for _, h := range g.held {
+		if h.c.expires > now {
+			live = append(live, h)
+		} else if g.m[h.key] == h.c {
 			delete(g.m, h.key)
 		}
 	}
-	if n > 0 {
-		g.held = append(g.held[:0], g.held[n:]...)
-	}
+	clear(g.held[len(live):])
+	g.held = live
 }
 
-// do returns the result of fn for key. The first caller runs fn on its own
-// goroutine under its own context; later callers wait for that result or
-// until their context ends. If the first caller's context ends before fn
-// succeeds, the waiters start the work again, one of them taking the lead,
-// so that one caller's cancellation never fails the others.
+// do returns the result of fn for key; later callers of key wait for
+// that result or until their own context ends. If the first caller's
+// context can end, fn runs on a goroutine of its own under a context that
+// keeps ctx's values but not its cancellation (fn must bound itself, as
+// Redis calls are by the client's timeouts), so the first caller can leave
+// like any other without failing the rest. If it cannot end, fn runs on the
+// caller's goroutine, which costs nothing extra.
 func (g *group[V]) do(ctx context.Context, key string, fn func(context.Context) (V, error)) (v V, err error, shared bool) {
-	for {
-		g.mu.Lock()
-		c, joined := g.join(key, time.Now().UnixNano())
-		g.mu.Unlock()
-		if joined {
-			v, err = wait(ctx, c)
-			if err == nil || !c.retry || ctx.Err() != nil {
-				return v, err, true
-			}
-			continue
-		}
+	done := ctx.Done()
+	g.mu.Lock()
+	c, joined := g.join(key, time.Now().UnixNano())
+	if !joined && done != nil {
+		g.wg.Add(1)
+	}
+	g.mu.Unlock()
+	switch {
+	case joined:
+	case done == nil:
 		g.lead(ctx, key, c, fn)
 		return c.val, c.err, false
+	default:
+		go g.run(key, c, func() (context.Context, context.CancelFunc) {
+			return context.WithoutCancel(ctx), func() {}
+		}, fn)
 	}
+	v, err = wait(ctx, c)
+	return v, err, joined
 }
 
 func (g *group[V]) lead(ctx context.Context, key string, c *call[V], fn func(context.Context) (V, error)) {
 	// Deferred, so that waiters are released even if fn calls
 	// runtime.Goexit on this goroutine.
-	defer func() {
-		if c.err != nil && ctx.Err() != nil {
-			c.retry = true
-		}
-		g.finish(key, c)
-	}()
+	defer g.finish(key, c)
 	protect(ctx, fn, &c.val, &c.err)
 }
 
@@ -165,13 +172,14 @@ func (g *group[V]) claim(keys []string) (own, others map[string]*call[V]) {
 // at once or after the hold.
 func (g *group[V]) finish(key string, c *call[V]) {
 	var hold time.Duration
-	if g.hold != nil && !c.retry {
-		hold = g.hold(c.val, c.err)
+	now := time.Now().UnixNano()
+	if g.hold != nil {
+		hold = g.hold(c.val, c.err, time.Duration(now-c.started))
 	}
 	g.mu.Lock()
 	if g.m[key] == c {
 		if hold > 0 {
-			c.expires = time.Now().Add(hold).UnixNano()
+			c.expires = now + int64(hold)
 			g.held = append(g.held, heldCall[V]{key, c})
 		} else {
 			delete(g.m, key)

@@ -12,16 +12,14 @@ import (
 
 func newGroup() *group[int] { return &group[int]{wg: new(sync.WaitGroup)} }
 
-func TestGroupLeaderCancelledWaitersRetry(t *testing.T) {
+func TestGroupFirstCallerLeaves(t *testing.T) {
 	g := newGroup()
-	g.hold = func(int, error) time.Duration { return time.Second } // retries share one call
 	var calls atomic.Int64
+	release := make(chan struct{})
 	fn := func(ctx context.Context) (int, error) {
-		if calls.Add(1) == 1 {
-			<-ctx.Done() // the first leader's caller leaves mid-read
-			return 0, ctx.Err()
-		}
-		return 42, nil
+		calls.Add(1)
+		<-release
+		return 42, ctx.Err() // the work's context is not the first caller's
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	leaderDone := make(chan error)
@@ -35,7 +33,7 @@ func TestGroupLeaderCancelledWaitersRetry(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if v, err, _ := g.do(context.Background(), "k", fn); err == nil && v == 42 {
+			if v, err, shared := g.do(context.Background(), "k", fn); err == nil && v == 42 && shared {
 				got.Add(1)
 			}
 		}()
@@ -43,15 +41,14 @@ func TestGroupLeaderCancelledWaitersRetry(t *testing.T) {
 	time.Sleep(10 * time.Millisecond)
 	cancel()
 	if err := <-leaderDone; !errors.Is(err, context.Canceled) {
-		t.Fatalf("leader got %v", err)
+		t.Fatalf("first caller got %v", err)
 	}
+	close(release)
 	wg.Wait()
-	if got.Load() != 10 {
-		t.Fatalf("%d of 10 waiters got the value after the leader left", got.Load())
+	if got.Load() != 10 || calls.Load() != 1 {
+		t.Fatalf("%d of 10 waiters got the value; fn ran %d times", got.Load(), calls.Load())
 	}
-	if calls.Load() != 2 {
-		t.Fatalf("fn ran %d times, want 2 (the cancelled one and one retry)", calls.Load())
-	}
+	g.wg.Wait()
 }
 
 func TestGroupPanicAndGoexit(t *testing.T) {
@@ -78,7 +75,7 @@ func TestGroupPanicAndGoexit(t *testing.T) {
 
 func TestGroupHold(t *testing.T) {
 	g := newGroup()
-	g.hold = func(int, error) time.Duration { return 30 * time.Millisecond }
+	g.hold = func(int, error, time.Duration) time.Duration { return 30 * time.Millisecond }
 	var calls atomic.Int64
 	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
 	ctx := context.Background()
