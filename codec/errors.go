@@ -28,8 +28,9 @@ var errOverLimit = errors.New("over limit")
 
 // readLimited appends the rest of r to dst, reading at most limit bytes.
 // It grows dst geometrically from sizeHint rather than trusting any size the
-// stream claims, so the memory it takes is bounded by what was actually
-// decoded: at most about twice limit. On error it returns dst as it was.
+// stream claims, so the memory it takes follows what was actually decoded:
+// under twice that, and under twice limit in all. On error it returns dst as
+// it was.
 func readLimited(dst []byte, r io.Reader, limit, sizeHint int) ([]byte, error) {
 	start := len(dst)
 	for {
@@ -49,10 +50,21 @@ func readLimited(dst []byte, r io.Reader, limit, sizeHint int) ([]byte, error) {
 			}
 		}
 		if len(dst) == cap(dst) {
-			grow := min(limit-n, max(sizeHint, n, 512))
+			// Double, but go straight to the limit when the step after
+			// this one would reach it anyway: the last steps are the
+			// largest, and each copies everything read so far.
+			grow := max(sizeHint, n, 512)
+			if n+2*grow >= limit {
+				grow = limit - n
+			}
 			dst = slices.Grow(dst, grow)
 		}
-		k, err := r.Read(dst[len(dst):min(cap(dst), start+limit)])
+		// Not start+limit: limit may be math.MaxInt.
+		end := cap(dst)
+		if room := limit - n; end-len(dst) > room {
+			end = len(dst) + room
+		}
+		k, err := r.Read(dst[len(dst):end])
 		dst = dst[:len(dst)+k]
 		if err == io.EOF {
 			return dst, nil

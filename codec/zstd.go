@@ -115,18 +115,19 @@ const (
 	// (RFC 8878, section 3.1.1.2.4, Block_Maximum_Size).
 	maxZstdBlock = 128 << 10
 
-	// maxZstdWindow backstops the window clamp in decodeZstdStream. It is
-	// the largest window the reference decoder accepts on 64-bit
-	// platforms (ZSTD_WINDOWLOG_MAX_64), so no frame we reject here is
-	// readable elsewhere.
+	// maxZstdWindow is the largest window the reference decoder accepts
+	// on 64-bit platforms (ZSTD_WINDOWLOG_MAX_64). Frames declaring more
+	// are refused as corrupt, so that no value decodes here that the
+	// reference cannot read. It is not what bounds memory: see
+	// decodeZstdStream.
 	maxZstdWindow = 1 << 31
 )
 
 // zstdAll decodes frames that record their size. DecodeAll is safe for
-// concurrent use and, with WithDecodeAllCapLimit, writes nowhere but the
-// capacity it is given, which is exactly the recorded size. It decodes into
-// that buffer directly, without a window of its own, so the window a frame
-// declares costs nothing and is not limited here.
+// concurrent use and, with WithDecodeAllCapLimit, decodes into the capacity
+// it is given, which is exactly the recorded size, and stops when that is
+// full. It keeps no window of its own, so the window a frame declares costs
+// nothing here.
 var zstdAll struct {
 	once sync.Once
 	dec  *zstd.Decoder
@@ -178,6 +179,9 @@ func decodeZstd(dst, src []byte, limit int) ([]byte, error) {
 	if h.DictionaryID != 0 {
 		return dst, corruptf("zstd", "frame needs dictionary %d", h.DictionaryID)
 	}
+	if !h.SingleSegment && h.WindowSize > maxZstdWindow {
+		return dst, corruptf("zstd", "window of %d bytes, over the %d the reference decoder accepts", h.WindowSize, maxZstdWindow)
+	}
 	frameLen, blocks, err := zstdFrameLen(src, h.HeaderSize, h.HasCheckSum)
 	if err != nil {
 		return dst, err
@@ -214,7 +218,10 @@ func decodeZstd(dst, src []byte, limit int) ([]byte, error) {
 	// this frame's own output.
 	out, err := dec.DecodeAll(src, dst[start:start:start+n])
 	if err != nil {
-		return dst[:start], zstdErr(err)
+		// The size is within the limit, so a frame that does not
+		// decode to it is corrupt, including one that holds more than
+		// it says and so runs out of room.
+		return dst[:start], corruptErr("zstd", err)
 	}
 	if len(out) != n {
 		return dst[:start], corruptf("zstd", "frame decoded to %d bytes, header says %d", len(out), n)
@@ -243,7 +250,7 @@ func decodeZstdStream(dst, src []byte, limit int, h *zstd.Header, most uint64) (
 	}
 
 	// The decoder allocates the declared window before the first block,
-	// and a frame may declare almost 4 TB. The window only has to reach
+	// and a frame may declare up to 2 GiB. The window only has to reach
 	// back over what the frame can produce before we stop reading it: the
 	// limit plus the block that crosses it, and never more than its blocks
 	// can hold. An offset reaching farther is invalid in such a frame
