@@ -339,12 +339,13 @@ func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader
 				c.report(ctx, key, serr)
 			}
 			r.data = data
-		} else if c.perCaller {
+		}
+		if c.perCaller && r.data == nil {
 			data, merr := c.marshal(nil, v)
 			if merr != nil {
 				return result[T]{}, keyErr("load", key, merr)
 			}
-			r.data = data
+			r.data = bytes.Clone(data)
 		}
 		return r, nil
 	case errors.Is(err, ErrNotFound):
@@ -443,8 +444,10 @@ func (c *Cache[T]) decode(key string, data []byte) (result[T], error) {
 	if err != nil {
 		return r, keyErr("get", key, err)
 	}
-	if cap(payload) > cap(*buf) {
-		*buf = payload[:0] // keep the grown buffer
+	if !codec.Plain(data) && cap(payload) > cap(*buf) {
+		// Keep the grown buffer. (A plain payload is the Redis reply
+		// itself, which must never reach the pool.)
+		*buf = payload[:0]
 	}
 	if c.perCaller {
 		r.data = bytes.Clone(payload)
@@ -487,13 +490,14 @@ func (c *Cache[T]) marshal(dst []byte, v T) ([]byte, error) {
 type SetOption func(*setOptions)
 
 type setOptions struct {
-	ttl time.Duration
+	ttl    time.Duration
+	ttlSet bool
 }
 
 // SetTTL stores the value for d, or with no expiry for NoExpiration,
-// instead of the key's policy's TTL. An invalid TTL fails the Set.
+// instead of the key's policy's TTL. An invalid TTL fails the call.
 func SetTTL(d time.Duration) SetOption {
-	return func(o *setOptions) { o.ttl = d }
+	return func(o *setOptions) { o.ttl, o.ttlSet = d, true }
 }
 
 // Set stores value under key with the key's policy: serialized, compressed
@@ -726,7 +730,7 @@ func (c *Cache[T]) setMany(ctx context.Context, items map[string]T, opts ...SetO
 	for _, o := range opts {
 		o(&so)
 	}
-	if so.ttl != 0 {
+	if so.ttlSet {
 		if err := checkTTL("SetTTL", so.ttl); err != nil {
 			return nil, err
 		}
@@ -751,7 +755,7 @@ func (c *Cache[T]) setMany(ctx context.Context, items map[string]T, opts ...SetO
 			continue
 		}
 		ttl := p.TTL
-		if so.ttl != 0 {
+		if so.ttlSet {
 			ttl = so.ttl
 		}
 		ttl = c.expiry(p, ttl)
