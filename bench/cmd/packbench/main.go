@@ -1,0 +1,415 @@
+// Command packbench measures packcache against hand-written go-redis code
+// and github.com/go-redis/cache: stored sizes per codec, compression
+// break-even, Set/Get cost, bulk load, Redis memory, request surges, and a
+// list of performance targets. Every suite prints a markdown table.
+//
+// By default it starts its own redis-server on a free 127.0.0.1 port (no
+// persistence) and stops it on exit. With REDIS_ADDR it uses that server
+// instead, writes only keys under a unique prefix and deletes only those; it
+// never runs FLUSHALL on a server it did not start.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+type config struct {
+	suites   map[string]bool
+	quick    bool
+	reps     int
+	ops      int // ops per rep in cost/peers
+	bulkN    int
+	backlogN int
+	surgeN   int
+	corpus   string
+	chart    string
+	net      bool
+}
+
+var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "peers"}
+
+// env is what every suite runs against.
+type env struct {
+	cfg     config
+	rdb     *redis.Client
+	addr    string
+	own     bool   // we started the server: FLUSHALL and exact stats are fine
+	prefix  string // every key written starts with it
+	out     io.Writer
+	machine string
+	command string
+	errs    []error
+	docs    []doc // corpus documents, if -corpus
+
+	// collected for the chart
+	sizeRatios map[string][]point // codec -> (doc size, stored/plain)
+	getLat     map[string][]point // codec -> (doc size, Get ns)
+
+	// collected for the targets table
+	peer peerResults
+}
+
+type point struct{ x, y float64 }
+
+func (e *env) fail(suite string, err error) {
+	e.errs = append(e.errs, fmt.Errorf("%s: %w", suite, err))
+	fmt.Fprintf(e.out, "\n**ERROR in %s:** %v\n", suite, err)
+}
+
+func (e *env) key(parts ...string) string { return e.prefix + strings.Join(parts, ":") }
+
+// reset removes every key the benchmark wrote: FLUSHALL on our own server,
+// a SCAN+UNLINK of our prefix on a shared one.
+func (e *env) reset(ctx context.Context) error {
+	if e.own {
+		return e.rdb.FlushAll(ctx).Err()
+	}
+	var cursor uint64
+	for {
+		keys, next, err := e.rdb.Scan(ctx, cursor, e.prefix+"*", 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := e.rdb.Unlink(ctx, keys...).Err(); err != nil {
+				return err
+			}
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+	}
+}
+
+func (e *env) info(ctx context.Context, section string) (map[string]string, error) {
+	s, err := e.rdb.Info(ctx, section).Result()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		if k, v, ok := strings.Cut(line, ":"); ok && !strings.HasPrefix(line, "#") {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+// usedMemory returns INFO memory used_memory.
+func (e *env) usedMemory(ctx context.Context) (int64, error) {
+	m, err := e.info(ctx, "memory")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(m["used_memory"], 10, 64)
+}
+
+// cmdCalls returns calls per command name (lower case) from INFO commandstats.
+func (e *env) cmdCalls(ctx context.Context) (map[string]int64, error) {
+	m, err := e.info(ctx, "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for k, v := range m {
+		name, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(v, ",") {
+			if n, ok := strings.CutPrefix(f, "calls="); ok {
+				c, _ := strconv.ParseInt(n, 10, 64)
+				out[name] = c
+			}
+		}
+	}
+	return out, nil
+}
+
+// stored returns STRLEN and MEMORY USAGE of key.
+func (e *env) stored(ctx context.Context, key string) (strlen, usage int64, err error) {
+	if strlen, err = e.rdb.StrLen(ctx, key).Result(); err != nil {
+		return
+	}
+	usage, err = e.rdb.MemoryUsage(ctx, key, 0).Result()
+	return
+}
+
+func (e *env) header(suite, what string) {
+	fmt.Fprintf(e.out, "\n## %s\n\n%s  \nmachine: %s  \ncommand: `%s`\n", suite, what, e.machine, e.command)
+	if !e.own {
+		fmt.Fprintf(e.out, "server: shared (REDIS_ADDR=%s, key prefix %q): memory deltas and command counts include other clients' activity\n", e.addr, e.prefix)
+	}
+	fmt.Fprintln(e.out)
+}
+
+func main() {
+	var cfg config
+	suite := flag.String("suite", "all", "comma-separated suites: all or "+strings.Join(allSuites, ","))
+	flag.BoolVar(&cfg.quick, "quick", false, "tiny sizes and counts (CI smoke, < 30 s)")
+	flag.IntVar(&cfg.reps, "reps", 5, "repetitions per measurement (median, min, max)")
+	flag.IntVar(&cfg.ops, "n", 0, "operations per repetition in cost and peers (0: by size)")
+	flag.IntVar(&cfg.bulkN, "bulk-n", 10000, "values in the bulk suite")
+	flag.IntVar(&cfg.backlogN, "backlog-n", 10000, "values in the backlog suite")
+	flag.IntVar(&cfg.surgeN, "surge-n", 20000, "goroutines in a surge")
+	flag.StringVar(&cfg.corpus, "corpus", "", "directory of *.json documents to use instead of generated ones (sizes, threshold, cost)")
+	flag.StringVar(&cfg.chart, "chart", "", "write an SVG chart to this file")
+	flag.BoolVar(&cfg.net, "net", false, "run Redis behind a shaped veth in a network namespace (not implemented)")
+	flag.Parse()
+
+	cfg.suites = map[string]bool{}
+	for _, s := range strings.Split(*suite, ",") {
+		s = strings.TrimSpace(s)
+		if s == "all" {
+			for _, a := range allSuites {
+				cfg.suites[a] = true
+			}
+			continue
+		}
+		known := false
+		for _, a := range allSuites {
+			known = known || a == s
+		}
+		if !known {
+			fmt.Fprintf(os.Stderr, "packbench: unknown suite %q\n", s)
+			os.Exit(2)
+		}
+		cfg.suites[s] = true
+	}
+	if cfg.quick {
+		cfg.reps = min(cfg.reps, 3)
+		cfg.bulkN = min(cfg.bulkN, 200)
+		cfg.backlogN = min(cfg.backlogN, 200)
+		cfg.surgeN = min(cfg.surgeN, 500)
+	}
+	os.Exit(run(cfg))
+}
+
+func run(cfg config) int {
+	ctx := context.Background()
+	e := &env{cfg: cfg, out: os.Stdout, sizeRatios: map[string][]point{}, getLat: map[string][]point{}}
+	e.command = "cd bench && go run ./cmd/packbench " + strings.Join(quoteArgs(os.Args[1:]), " ")
+
+	if cfg.net {
+		fmt.Fprintln(os.Stderr, "packbench: -net: not implemented (Redis behind a shaped veth); running on loopback")
+		fmt.Fprintln(e.out, "> -net: not implemented; all numbers are over loopback.")
+	}
+
+	stop, err := e.connect(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "packbench:", err)
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		stop()
+		os.Exit(130)
+	}()
+	defer stop()
+
+	if cfg.corpus != "" {
+		if e.docs, err = loadCorpus(cfg.corpus); err != nil {
+			fmt.Fprintln(os.Stderr, "packbench:", err)
+			return 1
+		}
+	}
+
+	fmt.Fprintf(e.out, "# packbench\n\nmachine: %s  \ncommand: `%s`\n", e.machine, e.command)
+	if cfg.quick {
+		fmt.Fprintln(e.out, "\n> -quick: tiny sizes and counts; numbers are a smoke test, not measurements.")
+	}
+
+	type suiteFn struct {
+		name string
+		fn   func(context.Context) error
+	}
+	for _, s := range []suiteFn{
+		{"sizes", e.suiteSizes},
+		{"threshold", e.suiteThreshold},
+		{"cost", e.suiteCost},
+		{"bulk", e.suiteBulk},
+		{"backlog", e.suiteBacklog},
+		{"surge", e.suiteSurge},
+		{"peers", e.suitePeers},
+	} {
+		if !cfg.suites[s.name] {
+			continue
+		}
+		start := time.Now()
+		if err := e.reset(ctx); err != nil {
+			e.fail(s.name, fmt.Errorf("reset: %w", err))
+			continue
+		}
+		if err := s.fn(ctx); err != nil {
+			e.fail(s.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "packbench: %s done in %v\n", s.name, time.Since(start).Round(time.Millisecond))
+	}
+	if err := e.reset(ctx); err != nil {
+		e.errs = append(e.errs, fmt.Errorf("final cleanup: %w", err))
+	}
+	if cfg.chart != "" {
+		if err := e.writeChart(cfg.chart); err != nil {
+			e.errs = append(e.errs, fmt.Errorf("chart: %w", err))
+		} else {
+			fmt.Fprintf(e.out, "\nchart written to %s\n", cfg.chart)
+		}
+	}
+	if len(e.errs) > 0 {
+		fmt.Fprintln(os.Stderr, "packbench: errors:")
+		for _, err := range e.errs {
+			fmt.Fprintln(os.Stderr, "  ", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, " \t\"'$") {
+			a = strconv.Quote(a)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// connect starts a redis-server of our own, or uses REDIS_ADDR.
+func (e *env) connect(ctx context.Context) (stop func(), err error) {
+	var id [6]byte
+	rand.Read(id[:])
+	e.prefix = "packbench:" + hex.EncodeToString(id[:]) + ":"
+	stop = func() {}
+	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+		e.addr, e.own = addr, false
+	} else {
+		addr, s, err := startRedis()
+		if err != nil {
+			return stop, err
+		}
+		e.addr, e.own, stop = addr, true, s
+	}
+	e.rdb = redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
+	if err := e.rdb.Ping(ctx).Err(); err != nil {
+		stop()
+		return func() {}, fmt.Errorf("ping %s: %w", e.addr, err)
+	}
+	srv, err := e.info(ctx, "server")
+	if err != nil {
+		stop()
+		return func() {}, err
+	}
+	where := "own redis-server on " + e.addr
+	if !e.own {
+		where = "shared redis on " + e.addr
+	}
+	e.machine = fmt.Sprintf("%d CPU, %s/%s, %s, redis %s (%s)", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), srv["redis_version"], where)
+	inner := stop
+	return func() {
+		// On a shared server delete what we wrote; never FLUSHALL it.
+		if !e.own {
+			e.reset(context.Background())
+		}
+		e.rdb.Close()
+		inner()
+	}, nil
+}
+
+// startRedis runs redis-server on a free port without persistence.
+func startRedis() (addr string, stop func(), err error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", nil, errors.New("redis-server not on PATH (or set REDIS_ADDR)")
+	}
+	dir, err := os.MkdirTemp("", "packbench-redis-")
+	if err != nil {
+		return "", nil, err
+	}
+	for attempt := 0; attempt < 5; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", nil, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		cmd := exec.Command(bin,
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--logfile", filepath.Join(dir, "redis.log"), "--daemonize", "no",
+			"--protected-mode", "no")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			return "", nil, err
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ready := false
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			select {
+			case <-done:
+			default:
+				if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+					fmt.Fprint(c, "PING\r\n")
+					c.SetReadDeadline(time.Now().Add(time.Second))
+					line, _ := bufio.NewReader(c).ReadString('\n')
+					c.Close()
+					if strings.HasPrefix(line, "+PONG") {
+						ready = true
+					}
+				}
+			}
+			if ready {
+				break
+			}
+			select {
+			case <-done:
+				deadline = time.Time{}
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if !ready {
+			cmd.Process.Kill()
+			<-done
+			continue // port taken in the meantime, most likely
+		}
+		stop = func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+			os.RemoveAll(dir)
+		}
+		return addr, stop, nil
+	}
+	os.RemoveAll(dir)
+	return "", nil, errors.New("could not start redis-server")
+}

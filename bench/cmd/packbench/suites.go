@@ -1,0 +1,688 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+)
+
+type namedCodec struct {
+	name string
+	c    codec.Codec
+}
+
+var (
+	plainCodec = namedCodec{"plain", codec.None}
+	sizeCodecs = []namedCodec{
+		plainCodec,
+		{"lz4", codec.LZ4}, {"lz4hc", codec.LZ4HC}, {"snappy", codec.Snappy},
+		{"zstd-fastest", codec.Zstd}, {"zstd-default", codec.ZstdDefault},
+		{"zstd-better", codec.ZstdBetter}, {"zstd-best", codec.ZstdBest},
+	}
+	costCodecs = []namedCodec{
+		{"none", codec.None}, {"lz4", codec.LZ4}, {"lz4hc", codec.LZ4HC}, {"snappy", codec.Snappy},
+		{"zstd", codec.Zstd}, {"zstd-best", codec.ZstdBest},
+	}
+	bulkCodecs    = []namedCodec{{"none", codec.None}, {"lz4", codec.LZ4}, {"snappy", codec.Snappy}, {"zstd", codec.Zstd}}
+	backlogCodecs = []namedCodec{plainCodec, {"lz4", codec.LZ4}, {"snappy", codec.Snappy}, {"zstd", codec.Zstd}, {"zstd-best", codec.ZstdBest}}
+)
+
+func human(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
+
+// ---------------------------------------------------------------- sizes
+
+func (e *env) suiteSizes(ctx context.Context) error {
+	docs := e.docs
+	if docs == nil {
+		sizes := []int{130, 1200, 10 << 10, 100 << 10, 1 << 20, 4 << 20}
+		if e.cfg.quick {
+			sizes = sizes[:3]
+		}
+		for i, s := range sizes {
+			docs = append(docs, doc{name: "orders " + human(s), raw: makeOrders(uint64(i+1), s)})
+		}
+	}
+	e.header("sizes", "Stored bytes per codec: packcache.Cache[json.RawMessage] with WithCodec(c) and WithCompressAbove(0); \"plain\" is WithCodec(codec.None), the JSON verbatim. "+
+		"\"stored as\" says what packcache chose: it stores plain when compression saves nothing (MinSaving=1). Ratio is STRLEN / plain STRLEN.")
+	fmt.Fprintln(e.out, "| document | JSON bytes | codec | STRLEN | MEMORY USAGE | ratio | stored as |")
+	fmt.Fprintln(e.out, "|---|--:|---|--:|--:|--:|---|")
+	for di, d := range docs {
+		var plain int64
+		for _, nc := range sizeCodecs {
+			c, err := packcache.New[json.RawMessage](e.rdb, packcache.WithCodec(nc.c), packcache.WithCompressAbove(0))
+			if err != nil {
+				return err
+			}
+			k := e.key("sizes", fmt.Sprint(di), nc.name)
+			if err := c.Set(ctx, k, d.raw); err != nil {
+				return err
+			}
+			c.Close()
+			sl, mu, err := e.stored(ctx, k)
+			if err != nil {
+				return err
+			}
+			if nc == plainCodec {
+				plain = sl
+			}
+			first, err := e.rdb.GetRange(ctx, k, 0, 0).Result()
+			if err != nil {
+				return err
+			}
+			as := "plain"
+			if len(first) == 1 && codec.IsHeader(first[0]) {
+				as = fmt.Sprintf("0x%02x", first[0])
+			}
+			ratio := float64(sl) / float64(plain)
+			fmt.Fprintf(e.out, "| %s | %d | %s | %d | %d | %.3f | %s |\n", d.name, len(d.raw), nc.name, sl, mu, ratio, as)
+			if nc != plainCodec {
+				e.sizeRatios[nc.name] = append(e.sizeRatios[nc.name], point{float64(len(d.raw)), ratio})
+			}
+			if err := e.rdb.Del(ctx, k).Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------- threshold
+
+func (e *env) suiteThreshold(ctx context.Context) error {
+	steps := []int{100, 200, 300, 400, 500, 600, 800, 1000, 1200, 1500, 2000}
+	const samples = 20
+	type sample struct {
+		size int
+		docs [][]byte
+	}
+	var rows []sample
+	what := fmt.Sprintf("Compressed/plain size for single chat messages (mean of %d messages per size). Compressed size is codec.AppendValue's output, header byte included: what packcache stores when it compresses (it stores plain when that saves nothing). Break-even: the smallest size from which every larger size compresses smaller than plain.", samples)
+	if e.docs != nil {
+		what = "Compressed/plain size for JSON objects/arrays taken from inside the -corpus documents, the one nearest each size (one document per size). Break-even as for messages."
+		for _, p := range corpusPieces(e.docs, steps) {
+			rows = append(rows, sample{len(p.raw), [][]byte{p.raw}})
+		}
+	} else {
+		for _, s := range steps {
+			r := sample{size: s}
+			for i := range samples {
+				r.docs = append(r.docs, makeMessage(uint64(s*1000+i), s))
+			}
+			rows = append(rows, r)
+		}
+	}
+	codecs := sizeCodecs[1:]
+	e.header("threshold", what)
+	fmt.Fprint(e.out, "| size |")
+	for _, nc := range codecs {
+		fmt.Fprintf(e.out, " %s |", nc.name)
+	}
+	fmt.Fprint(e.out, "\n|--:|")
+	for range codecs {
+		fmt.Fprint(e.out, "--:|")
+	}
+	fmt.Fprintln(e.out)
+	ratios := make([][]float64, len(rows))
+	for ri, r := range rows {
+		fmt.Fprintf(e.out, "| %d |", r.size)
+		for _, nc := range codecs {
+			sum := 0.0
+			for _, d := range r.docs {
+				out, err := codec.AppendValue(nil, nc.c, d)
+				if err != nil {
+					return err
+				}
+				sum += float64(len(out)) / float64(len(d))
+			}
+			ratio := sum / float64(len(r.docs))
+			ratios[ri] = append(ratios[ri], ratio)
+			fmt.Fprintf(e.out, " %.3f |", ratio)
+			e.sizeRatios[nc.name] = append(e.sizeRatios[nc.name], point{float64(r.size), ratio})
+		}
+		fmt.Fprintln(e.out)
+	}
+	fmt.Fprint(e.out, "| **break-even** |")
+	for ci := range codecs {
+		be := "none ≤ " + fmt.Sprint(rows[len(rows)-1].size)
+		for ri := len(rows) - 1; ri >= 0 && ratios[ri][ci] < 1; ri-- {
+			be = fmt.Sprintf("%d B", rows[ri].size)
+		}
+		fmt.Fprintf(e.out, " %s |", be)
+	}
+	fmt.Fprintln(e.out)
+	fmt.Fprintf(e.out, "\n(packcache's DefaultCompressAbove is %d B.)\n", packcache.DefaultCompressAbove)
+	return nil
+}
+
+// ---------------------------------------------------------------- cost
+
+type spread struct{ med, min, max float64 } // ns per op
+
+func spreadOf(xs []float64) spread {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return spread{med: s[len(s)/2], min: s[0], max: s[len(s)-1]}
+}
+
+func (s spread) us() string {
+	return fmt.Sprintf("%.1f (%.1f–%.1f)", s.med/1e3, s.min/1e3, s.max/1e3)
+}
+
+func opsFor(size int, quick bool, override int) int {
+	if override > 0 {
+		return override
+	}
+	if quick {
+		return max(5, min(50, (64<<10)/max(size, 1)))
+	}
+	switch {
+	case size <= 2<<10:
+		return 2000
+	case size <= 16<<10:
+		return 1000
+	case size <= 256<<10:
+		return 200
+	}
+	return 30
+}
+
+// setGet runs reps rounds of n Sets then n Gets of key, returning ns/op per
+// round and allocations per op over all rounds.
+func setGet[T any](ctx context.Context, c *packcache.Cache[T], key string, v T, n, reps int) (set, get []float64, setAllocs, getAllocs float64, err error) {
+	var ms runtime.MemStats
+	var setM, getM uint64
+	if err = c.Set(ctx, key, v); err != nil { // warm up
+		return
+	}
+	if _, err = c.Get(ctx, key); err != nil {
+		return
+	}
+	for range reps {
+		runtime.ReadMemStats(&ms)
+		m0 := ms.Mallocs
+		t := time.Now()
+		for range n {
+			if err = c.Set(ctx, key, v); err != nil {
+				return
+			}
+		}
+		set = append(set, float64(time.Since(t).Nanoseconds())/float64(n))
+		runtime.ReadMemStats(&ms)
+		setM += ms.Mallocs - m0
+		m0 = ms.Mallocs
+		t = time.Now()
+		for range n {
+			if _, err = c.Get(ctx, key); err != nil {
+				return
+			}
+		}
+		get = append(get, float64(time.Since(t).Nanoseconds())/float64(n))
+		runtime.ReadMemStats(&ms)
+		getM += ms.Mallocs - m0
+	}
+	return set, get, float64(setM) / float64(n*reps), float64(getM) / float64(n*reps), nil
+}
+
+func (e *env) suiteCost(ctx context.Context) error {
+	type input struct {
+		name  string
+		raw   []byte
+		typed any // Channel, or any for corpus documents
+	}
+	var inputs []input
+	if e.docs != nil {
+		for _, d := range e.docs {
+			var v any
+			if err := json.Unmarshal(d.raw, &v); err != nil {
+				return err
+			}
+			inputs = append(inputs, input{d.name, d.raw, v})
+		}
+	} else {
+		sizes := []int{1 << 10, 10 << 10, 128 << 10, 1 << 20}
+		if e.cfg.quick {
+			sizes = sizes[:2]
+		}
+		for _, s := range sizes {
+			ch := makeChannel(uint64(s), s)
+			raw, _ := json.Marshal(ch)
+			inputs = append(inputs, input{"channel " + human(s), raw, ch})
+		}
+	}
+	typ := "Channel (struct, packcache's default serializer)"
+	if e.docs != nil {
+		typ = "any (packcache's default serializer)"
+	}
+	e.header("cost", fmt.Sprintf("Time per Set and per Get, µs: median (min–max) of %d runs of N ops each, sequential, one key. Caches use WithCodec(c), the default threshold (1024 B) and WithShareWindow(0) so that every Get reads Redis and decodes (with the default 10 ms window, repeated Gets of one key share one read). Typed T = %s; []byte rows store the same JSON.", e.cfg.reps, typ))
+	fmt.Fprintln(e.out, "| document | JSON bytes | codec | T | N | Set µs | Get µs | Set allocs/op | Get allocs/op | STRLEN |")
+	fmt.Fprintln(e.out, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
+	for ii, in := range inputs {
+		n := opsFor(len(in.raw), e.cfg.quick, e.cfg.ops)
+		for _, nc := range costCodecs {
+			opts := []packcache.Option{packcache.WithCodec(nc.c), packcache.WithShareWindow(0)}
+			k := e.key("cost", fmt.Sprint(ii), nc.name)
+			var set, get []float64
+			var sa, ga float64
+			var err error
+			switch v := in.typed.(type) {
+			case Channel:
+				c, cerr := packcache.New[Channel](e.rdb, opts...)
+				if cerr != nil {
+					return cerr
+				}
+				set, get, sa, ga, err = setGet(ctx, c, k, v, n, e.cfg.reps)
+				c.Close()
+			default:
+				c, cerr := packcache.New[any](e.rdb, opts...)
+				if cerr != nil {
+					return cerr
+				}
+				set, get, sa, ga, err = setGet(ctx, c, k, v, n, e.cfg.reps)
+				c.Close()
+			}
+			if err != nil {
+				return err
+			}
+			sl, _, err := e.stored(ctx, k)
+			if err != nil {
+				return err
+			}
+			sg := spreadOf(get)
+			fmt.Fprintf(e.out, "| %s | %d | %s | typed | %d | %s | %s | %.0f | %.0f | %d |\n", in.name, len(in.raw), nc.name, n, spreadOf(set).us(), sg.us(), sa, ga, sl)
+			e.getLat[nc.name] = append(e.getLat[nc.name], point{float64(len(in.raw)), sg.med})
+
+			rc, err := packcache.New[[]byte](e.rdb, opts...)
+			if err != nil {
+				return err
+			}
+			set, get, sa, ga, err = setGet(ctx, rc, k, in.raw, n, e.cfg.reps)
+			rc.Close()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.out, "| %s | %d | %s | []byte | %d | %s | %s | %.0f | %.0f | %d |\n", in.name, len(in.raw), nc.name, n, spreadOf(set).us(), spreadOf(get).us(), sa, ga, sl)
+			e.rdb.Del(ctx, k)
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------- bulk
+
+// parallel runs f(i) for i in [0, n) on workers goroutines.
+func parallel(n, workers int, f func(i int) error) error {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+func (e *env) suiteBulk(ctx context.Context) error {
+	n := e.cfg.bulkN
+	size := 128 << 10
+	if e.cfg.quick {
+		size = 16 << 10
+	}
+	pool := make([]Channel, 16)
+	for i := range pool {
+		pool[i] = makeChannel(uint64(1000+i), size)
+	}
+	e.header("bulk", fmt.Sprintf("Set %d channels of %s (packcache.Cache[Channel], WithCodec(c); 16 distinct documents cycled, every key its own value in Redis), then Get all %d; sequential and with 16 goroutines. Seconds per phase and Redis used_memory growth over the Set phase.", n, human(size), n))
+	fmt.Fprintln(e.out, "| codec | mode | Set s | Get s | Set ops/s | Get ops/s | used_memory growth MiB | per value B |")
+	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|--:|--:|--:|")
+	for _, nc := range bulkCodecs {
+		for _, workers := range []int{1, 16} {
+			if err := e.reset(ctx); err != nil {
+				return err
+			}
+			c, err := packcache.New[Channel](e.rdb, packcache.WithCodec(nc.c))
+			if err != nil {
+				return err
+			}
+			m0, err := e.usedMemory(ctx)
+			if err != nil {
+				return err
+			}
+			t := time.Now()
+			err = parallel(n, workers, func(i int) error {
+				return c.Set(ctx, e.key("bulk", fmt.Sprint(i)), pool[i%len(pool)])
+			})
+			setD := time.Since(t)
+			if err != nil {
+				return err
+			}
+			m1, err := e.usedMemory(ctx)
+			if err != nil {
+				return err
+			}
+			t = time.Now()
+			err = parallel(n, workers, func(i int) error {
+				_, err := c.Get(ctx, e.key("bulk", fmt.Sprint(i)))
+				return err
+			})
+			getD := time.Since(t)
+			c.Close()
+			if err != nil {
+				return err
+			}
+			mode := "sequential"
+			if workers > 1 {
+				mode = fmt.Sprintf("%d goroutines", workers)
+			}
+			fmt.Fprintf(e.out, "| %s | %s | %.2f | %.2f | %.0f | %.0f | %s | %d |\n", nc.name, mode, setD.Seconds(), getD.Seconds(),
+				float64(n)/setD.Seconds(), float64(n)/getD.Seconds(), mib(m1-m0), (m1-m0)/int64(n))
+		}
+	}
+	return e.reset(ctx)
+}
+
+// ---------------------------------------------------------------- backlog
+
+func (e *env) suiteBacklog(ctx context.Context) error {
+	n := e.cfg.backlogN
+	pool := make([][]byte, 16)
+	for i := range pool {
+		pool[i], _ = json.Marshal(makeChannel(uint64(2000+i), 10<<10))
+	}
+	e.header("backlog", fmt.Sprintf("Redis used_memory growth for %d values of ~10 KB (chat channel JSON, 16 distinct documents cycled) per setting, written with packcache.Cache[json.RawMessage] and WithCodec(c) (default threshold).", n))
+	fmt.Fprintln(e.out, "| setting | used_memory growth MiB | per value B | mean STRLEN | vs plain |")
+	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|")
+	var plain int64
+	for _, nc := range backlogCodecs {
+		if err := e.reset(ctx); err != nil {
+			return err
+		}
+		c, err := packcache.New[json.RawMessage](e.rdb, packcache.WithCodec(nc.c))
+		if err != nil {
+			return err
+		}
+		m0, err := e.usedMemory(ctx)
+		if err != nil {
+			return err
+		}
+		if err := parallel(n, 8, func(i int) error {
+			return c.Set(ctx, e.key("backlog", fmt.Sprint(i)), pool[i%len(pool)])
+		}); err != nil {
+			return err
+		}
+		m1, err := e.usedMemory(ctx)
+		if err != nil {
+			return err
+		}
+		st := c.Stats()
+		var out, vals uint64
+		for _, cs := range st.Codecs {
+			out += cs.BytesOut
+			vals += cs.Values
+		}
+		c.Close()
+		d := m1 - m0
+		if nc == plainCodec {
+			plain = d
+		}
+		fmt.Fprintf(e.out, "| %s | %s | %d | %d | %.3f |\n", nc.name, mib(d), d/int64(n), out/max(vals, 1), float64(d)/float64(plain))
+	}
+	return e.reset(ctx)
+}
+
+// ---------------------------------------------------------------- surge
+
+type surgeResult struct {
+	wall      time.Duration
+	p50, p99  time.Duration
+	gets      int64
+	sets      int64
+	loads     int64
+	decodes   int64
+	peakHeap  uint64 // growth of heap objects bytes over the pre-surge level (after a GC), peak sampled during the surge
+	baseHeap  uint64 // heap objects bytes before the surge
+	errs      int64
+	firstErr  error
+	statsNote string
+}
+
+// runSurge starts n goroutines that wait on a barrier, then each calls f.
+func (e *env) runSurge(ctx context.Context, n int, f func() error) (surgeResult, error) {
+	var r surgeResult
+	runtime.GC()
+	before, err := e.cmdCalls(ctx)
+	if err != nil {
+		return r, err
+	}
+	lat := make([]time.Duration, n)
+	start := make(chan struct{})
+	var wg, ready sync.WaitGroup
+	var errs atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var t0 time.Time
+	for i := range n {
+		wg.Add(1)
+		ready.Add(1)
+		go func() {
+			defer wg.Done()
+			ready.Done()
+			<-start
+			err := f()
+			lat[i] = time.Since(t0)
+			if err != nil {
+				errs.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
+			}
+		}()
+	}
+	ready.Wait()
+	runtime.GC()
+	base := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(base)
+	r.baseHeap = base[0].Value.Uint64()
+	// Sample the heap while the surge runs.
+	stop := make(chan struct{})
+	peak := make(chan uint64)
+	go func() {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var max uint64
+		tk := time.NewTicker(200 * time.Microsecond)
+		defer tk.Stop()
+		for {
+			metrics.Read(s)
+			if v := s[0].Value.Uint64(); v > max {
+				max = v
+			}
+			select {
+			case <-stop:
+				peak <- max
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	t0 = time.Now()
+	close(start)
+	wg.Wait()
+	r.wall = time.Since(t0)
+	close(stop)
+	if p := <-peak; p > r.baseHeap {
+		r.peakHeap = p - r.baseHeap
+	}
+	after, err := e.cmdCalls(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.gets = after["get"] - before["get"]
+	r.sets = after["set"] - before["set"]
+	slices.Sort(lat)
+	r.p50, r.p99 = lat[n/2], lat[n*99/100]
+	r.errs = errs.Load()
+	if p := firstErr.Load(); p != nil {
+		r.firstErr = *p
+	}
+	return r, nil
+}
+
+// countingJSON is packcache.JSON counting its decodes.
+type countingJSON struct{ n *atomic.Int64 }
+
+func (c countingJSON) Marshal(dst []byte, v any) ([]byte, error) {
+	return packcache.JSON.Marshal(dst, v)
+}
+func (c countingJSON) Unmarshal(data []byte, v any) error {
+	c.n.Add(1)
+	return packcache.JSON.Unmarshal(data, v)
+}
+func (c countingJSON) Text() bool { return true }
+
+const loaderDelay = 50 * time.Millisecond
+
+// surgeSubject is one way of reading a key under a surge.
+type surgeSubject struct {
+	name    string
+	prepare func(ctx context.Context, key string, warm bool) error // store the value (warm) or make sure it is absent
+	get     func(ctx context.Context, key string) error
+	loads   *atomic.Int64
+	decodes *atomic.Int64
+	close   func()
+}
+
+func packcacheSubject(e *env, name string, ch Channel, opts ...packcache.Option) (*surgeSubject, error) {
+	s := &surgeSubject{name: name, loads: new(atomic.Int64), decodes: new(atomic.Int64)}
+	loader := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		s.loads.Add(1)
+		time.Sleep(loaderDelay)
+		return ch, nil
+	})
+	opts = append([]packcache.Option{packcache.WithSerializer(countingJSON{s.decodes}), packcache.WithLoader[Channel](loader)}, opts...)
+	c, err := packcache.New[Channel](e.rdb, opts...)
+	if err != nil {
+		return nil, err
+	}
+	s.prepare = func(ctx context.Context, key string, warm bool) error {
+		if warm {
+			return c.Set(ctx, key, ch)
+		}
+		return c.Delete(ctx, key)
+	}
+	s.get = func(ctx context.Context, key string) error {
+		v, err := c.Get(ctx, key)
+		if err == nil && len(v.Messages) != len(ch.Messages) {
+			err = errors.New("wrong value")
+		}
+		return err
+	}
+	s.close = func() { c.Close() }
+	return s, nil
+}
+
+// noopSubject calibrates a surge: each goroutine returns at once, so its
+// wall time is what starting and scheduling the goroutines costs here.
+func noopSubject() *surgeSubject {
+	return &surgeSubject{
+		name:    "calibration: no-op",
+		prepare: func(context.Context, string, bool) error { return nil },
+		get:     func(context.Context, string) error { return nil },
+		loads:   new(atomic.Int64), decodes: new(atomic.Int64),
+	}
+}
+
+func (e *env) surgeTable(ctx context.Context, subjects []*surgeSubject, out map[string]surgeResult) error {
+	n := e.cfg.surgeN
+	fmt.Fprintln(e.out, "| subject | key | wall ms | p50 ms | p99 ms | Redis GETs | Redis SETs | loader calls | decodes | heap before MiB | peak heap growth MiB | errors |")
+	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, warm := range []bool{true, false} {
+		for _, s := range subjects {
+			kind := "cold"
+			if warm {
+				kind = "warm"
+			}
+			key := e.key("surge", s.name, kind)
+			if err := s.prepare(ctx, key, warm); err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			s.loads.Store(0)
+			s.decodes.Store(0)
+			r, err := e.runSurge(ctx, n, func() error { return s.get(ctx, key) })
+			if err != nil {
+				return err
+			}
+			r.loads, r.decodes = s.loads.Load(), s.decodes.Load()
+			out[s.name+"/"+kind] = r
+			errCol := fmt.Sprint(r.errs)
+			if r.firstErr != nil {
+				errCol += " (" + r.firstErr.Error() + ")"
+				e.errs = append(e.errs, fmt.Errorf("surge %s %s: %d errors, first: %w", s.name, kind, r.errs, r.firstErr))
+			}
+			fmt.Fprintf(e.out, "| %s | %s | %.1f | %.1f | %.1f | %d | %d | %d | %d | %.1f | %.1f | %s |\n", s.name, kind,
+				ms(r.wall), ms(r.p50), ms(r.p99), r.gets, r.sets, r.loads, r.decodes, float64(r.baseHeap)/(1<<20), float64(r.peakHeap)/(1<<20), errCol)
+			e.rdb.Del(ctx, key)
+			runtime.GC()
+		}
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func (e *env) suiteSurge(ctx context.Context) error {
+	size := 128 << 10
+	ch := makeChannel(7, size)
+	raw, _ := json.Marshal(ch)
+	def, err := packcacheSubject(e, "packcache default", ch)
+	if err != nil {
+		return err
+	}
+	defer def.close()
+	noco, err := packcacheSubject(e, "packcache WithCoalescing(false)", ch, packcache.WithCoalescing(false))
+	if err != nil {
+		return err
+	}
+	defer noco.close()
+	note := "exact: own server"
+	if !e.own {
+		note = "approximate: shared server, other clients' commands included"
+	}
+	e.header("surge", fmt.Sprintf("%d goroutines released at once on one warm key (a %d-byte channel, packcache.Cache[Channel]) and on one cold key (loader sleeps %v). GETs/SETs: INFO commandstats delta (%s). Decodes: a counting JSON serializer. Peak heap growth: runtime/metrics /memory/classes/heap/objects:bytes (≈ HeapAlloc) sampled every 200 µs, minus its level after a GC just before the release (the process's own live data, such as zstd encoder tables of earlier suites, is the \"heap before\" column).",
+		e.cfg.surgeN, len(raw), loaderDelay, note))
+	return e.surgeTable(ctx, []*surgeSubject{def, noco, noopSubject()}, map[string]surgeResult{})
+}
+
+var _ = math.Inf
