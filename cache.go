@@ -378,7 +378,7 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) (r resul
 		pipe := c.rdb.Pipeline()
 		get := pipe.Get(ctx, key)
 		pttl := pipe.PTTL(ctx, key)
-		_, err = pipe.Exec(ctx)
+		pipe.Exec(ctx) // each command carries its own error
 		s, err = get.Result()
 		if err == nil {
 			if d, perr := pttl.Result(); perr == nil && d > 0 {

@@ -287,10 +287,13 @@ func WithCoalescing(on bool) Option {
 // all arrive within one Redis read: with a window, the whole surge costs
 // one read and one decode instead of one per read's length of arrivals. A
 // value that took longer than d to make (a load, typically) stays shared
-// for as long as it took, up to a second. The price is that such a caller may see a value up to d older than what
-// Redis holds if another process wrote the key meanwhile; a Set or Delete
-// through this cache ends the window for its key at once. Zero turns the
-// window off.
+// for as long as it took, up to a second.
+//
+// The price: a caller may get a value older than what Redis holds, by up to
+// the window (or the load's duration, at most a second), if another
+// process wrote the key meanwhile. A Set or Delete through this cache ends
+// the window for its key at once. Zero turns the window off: then only
+// callers that overlap share.
 func WithShareWindow(d time.Duration) Option {
 	return func(cfg *config) error {
 		if d < 0 {

@@ -1,0 +1,381 @@
+// Command broadcast shows what coalescing does when a whole class opens the
+// same few chat channels at once.
+//
+// README: N students (goroutines, released together) each open one of M
+// chat channels (35-130 KB of JSON each) read through a packcache backed by a
+// slow "database" loader; for coalescing on and off, a cold round (empty
+// cache) and a warm round, it prints a markdown table of loader calls, Redis
+// GETs and latencies, and the bytes stored per channel. Run:
+// go run ./examples/broadcast [-students 20000 -channels 50 -dbdelay 50ms -codec zstd]
+// (embedded miniredis), or REDIS_ADDR=localhost:6379 go run ./examples/broadcast
+// (real Redis; only keys under "packcache-example:<pid>:" are used, and they are
+// deleted at the end).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+)
+
+// Channel is the document students open: a chat channel's recent history.
+type Channel struct {
+	ID       string    `json:"id"`
+	Name     string    `json:"name"`
+	Topic    string    `json:"topic"`
+	Members  []string  `json:"members"`
+	Messages []Message `json:"messages"`
+}
+
+type Message struct {
+	ID       string    `json:"id"`
+	Author   string    `json:"author"`
+	SentAt   time.Time `json:"sent_at"`
+	Text     string    `json:"text"`
+	ReplyTo  string    `json:"reply_to,omitempty"`
+	Reaction string    `json:"reaction,omitempty"`
+}
+
+var words = strings.Fields(`the a homework lecture exam question answer deadline
+	slides chapter proof lemma theorem graph vector matrix function derivative
+	integral limit series essay draft review group project meeting tomorrow
+	today tonight room library please thanks anyone know why how when where
+	does this work I think we should could would maybe sure great ok cool
+	submit grade rubric notes page problem solution hint example test quiz lab`)
+
+var reactions = []string{"", "", "", "", "👍", "😂", "🎉", "👀"}
+
+// newChannel builds channel i deterministically: same seed, same bytes,
+// between about 35 and 130 KB of JSON.
+func newChannel(i int) Channel {
+	r := rand.New(rand.NewPCG(2024, uint64(i)))
+	target := 36_000 + r.IntN(90_000) // bytes of JSON, roughly
+	ch := Channel{ID: fmt.Sprintf("ch-%04d", i), Name: fmt.Sprintf("course-%03d", 100+i),
+		Topic: "Questions and announcements for course " + strconv.Itoa(100+i)}
+	for m := range 20 + r.IntN(40) {
+		ch.Members = append(ch.Members, fmt.Sprintf("student-%05d", i*97+m))
+	}
+	t := time.Date(2025, 9, 1, 8, 0, 0, 0, time.UTC)
+	for size := 0; size < target; {
+		t = t.Add(time.Duration(5+r.IntN(900)) * time.Second)
+		text := make([]string, 4+r.IntN(30))
+		for k := range text {
+			text[k] = words[r.IntN(len(words))]
+		}
+		msg := Message{ID: fmt.Sprintf("%s-m%06d", ch.ID, len(ch.Messages)), Author: ch.Members[r.IntN(len(ch.Members))],
+			SentAt: t, Text: strings.Join(text, " "), Reaction: reactions[r.IntN(len(reactions))]}
+		if n := len(ch.Messages); n > 0 && r.IntN(4) == 0 {
+			msg.ReplyTo = ch.Messages[r.IntN(n)].ID
+		}
+		ch.Messages = append(ch.Messages, msg)
+		size += 110 + len(msg.Text) // approximate JSON size of one message
+	}
+	return ch
+}
+
+// database is the source of truth: every query sleeps like a real one.
+type database struct {
+	prefix string
+	docs   []Channel
+	delay  time.Duration
+	calls  atomic.Int64
+}
+
+func (db *database) Load(ctx context.Context, key string) (Channel, error) {
+	db.calls.Add(1)
+	i, err := strconv.Atoi(strings.TrimPrefix(key, db.prefix+"channel:"))
+	if err != nil || i < 0 || i >= len(db.docs) {
+		return Channel{}, packcache.ErrNotFound
+	}
+	select {
+	case <-time.After(db.delay):
+	case <-ctx.Done():
+		return Channel{}, ctx.Err()
+	}
+	return db.docs[i], nil
+}
+
+// getCounter is a go-redis hook counting the GET commands sent to Redis,
+// alone or in pipelines. It works on any Redis, miniredis included.
+type getCounter struct{ n atomic.Int64 }
+
+func (h *getCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *getCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "get" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *getCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "get" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+type config struct {
+	Students, Channels int
+	DBDelay            time.Duration
+	Codec              string // zstd, lz4, snappy or none
+	RedisAddr          string // empty: embedded miniredis
+}
+
+type roundResult struct {
+	Mode, Round                 string
+	Requests, LoaderCalls, Gets int64
+	Errors                      int64 // failed requests; FirstErr is one of them
+	FirstErr                    error
+	Wall, P50, P99              time.Duration
+	PeakHeap                    uint64 // bytes, sampled
+}
+
+type report struct {
+	Rounds              []roundResult
+	PlainBytes, Stored  int64 // over all channels, as written in the last cold round
+	CodecName, RedisUse string
+}
+
+var codecs = map[string]codec.Codec{"zstd": codec.Zstd, "lz4": codec.LZ4, "snappy": codec.Snappy, "none": codec.None}
+
+func main() {
+	cfg := config{RedisAddr: os.Getenv("REDIS_ADDR")}
+	flag.IntVar(&cfg.Students, "students", 20000, "concurrent students (goroutines)")
+	flag.IntVar(&cfg.Channels, "channels", 50, "channels they open")
+	flag.DurationVar(&cfg.DBDelay, "dbdelay", 50*time.Millisecond, "time one database query takes")
+	flag.StringVar(&cfg.Codec, "codec", "zstd", "codec for stored values: zstd, lz4, snappy or none")
+	timeout := flag.Duration("timeout", 5*time.Minute, "bound on the whole run")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	if _, err := run(ctx, cfg, os.Stdout); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
+	cd, ok := codecs[cfg.Codec]
+	if !ok || cfg.Students < 1 || cfg.Channels < 1 {
+		return rep, fmt.Errorf("bad config %+v", cfg)
+	}
+	rep.CodecName = cfg.Codec
+	addr := cfg.RedisAddr
+	rep.RedisUse = "REDIS_ADDR " + addr
+	if addr == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			return rep, err
+		}
+		defer mr.Close()
+		addr, rep.RedisUse = mr.Addr(), "embedded miniredis at "+mr.Addr()
+	}
+	fmt.Fprintf(w, "redis: %s; %d students, %d channels, db delay %v, codec %s\n\n",
+		rep.RedisUse, cfg.Students, cfg.Channels, cfg.DBDelay, cfg.Codec)
+
+	// A surge of thousands of goroutines on a couple of cores: give the
+	// client room so that waiting for a connection or for the CPU is not
+	// mistaken for a dead Redis.
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64, PoolTimeout: time.Minute,
+		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
+	defer rdb.Close()
+	gets := &getCounter{}
+	rdb.AddHook(gets)
+
+	db := &database{prefix: fmt.Sprintf("packcache-example:%d:", os.Getpid()), delay: cfg.DBDelay}
+	keys := make([]string, cfg.Channels)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%schannel:%d", db.prefix, i)
+		db.docs = append(db.docs, newChannel(i))
+	}
+	// Our keys only, never a flush: the Redis may not be ours.
+	clean := func() error { return rdb.Del(context.WithoutCancel(ctx), keys...).Err() }
+	defer clean()
+
+	for _, mode := range []struct {
+		name string
+		on   bool
+	}{{"coalescing on", true}, {"coalescing off", false}} {
+		if err := clean(); err != nil { // cold: nothing cached
+			return rep, err
+		}
+		c, err := packcache.New[Channel](rdb, packcache.WithLoader[Channel](db),
+			packcache.WithCodec(cd), packcache.WithCoalescing(mode.on))
+		if err != nil {
+			return rep, err
+		}
+		var took time.Duration
+		for _, round := range []string{"cold", "warm"} {
+			// A coalesced result stays shared for the share window, or
+			// for as long as it took to make, up to a second. Let that
+			// pass, so the warm round reads Redis rather than being
+			// handed the cold round's result.
+			time.Sleep(min(took, time.Second) + 2*packcache.DefaultShareWindow)
+			rr, err := surge(ctx, c, db, gets, keys, cfg.Students)
+			if err != nil {
+				c.Close()
+				return rep, err
+			}
+			rr.Mode, rr.Round = mode.name, round
+			took = rr.Wall
+			rep.Rounds = append(rep.Rounds, rr)
+		}
+		c.Close()
+	}
+
+	// What Redis holds: the raw stored length against the JSON length.
+	for i, k := range keys {
+		n, err := rdb.StrLen(ctx, k).Result()
+		if err != nil {
+			return rep, err
+		}
+		js, err := json.Marshal(db.docs[i])
+		if err != nil {
+			return rep, err
+		}
+		rep.PlainBytes += int64(len(js))
+		rep.Stored += n
+	}
+	printReport(w, cfg, rep)
+	return rep, nil
+}
+
+// surge releases students at once, student i opening channel i % M, and
+// measures what it cost.
+func surge(ctx context.Context, c *packcache.Cache[Channel], db *database, gets *getCounter, keys []string, students int) (roundResult, error) {
+	// Start from a clean heap, so each round's peak is its own.
+	runtime.GC()
+	debug.FreeOSMemory()
+	calls0, gets0 := db.calls.Load(), gets.n.Load()
+	lat := make([]time.Duration, students)
+	var (
+		ready, done sync.WaitGroup
+		start       = make(chan struct{})
+		errs        atomic.Int64
+		firstErr    error
+		once        sync.Once
+	)
+	ready.Add(students)
+	done.Add(students)
+	for i := range students {
+		go func() {
+			defer done.Done()
+			key := keys[i%len(keys)]
+			ready.Done()
+			<-start
+			t0 := time.Now()
+			ch, err := c.Get(ctx, key)
+			lat[i] = time.Since(t0)
+			if err == nil && ch.ID != fmt.Sprintf("ch-%04d", i%len(keys)) {
+				err = fmt.Errorf("%s: got channel %q", key, ch.ID)
+			}
+			if err != nil {
+				errs.Add(1)
+				once.Do(func() { firstErr = err })
+			}
+		}()
+	}
+	ready.Wait()
+	stopSampling := make(chan struct{})
+	peak := make(chan uint64)
+	go sampleHeap(stopSampling, peak)
+	t0 := time.Now()
+	close(start)
+	done.Wait()
+	wall := time.Since(t0)
+	close(stopSampling)
+	rr := roundResult{Requests: int64(students), Wall: wall, Errors: errs.Load(), PeakHeap: <-peak,
+		LoaderCalls: db.calls.Load() - calls0, Gets: gets.n.Load() - gets0}
+	slices.Sort(lat)
+	rr.P50, rr.P99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	if ctx.Err() != nil {
+		return rr, ctx.Err()
+	}
+	rr.FirstErr = firstErr
+	return rr, nil
+}
+
+// sampleHeap reports the largest heap it saw, sampling until stop closes.
+func sampleHeap(stop <-chan struct{}, peak chan<- uint64) {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	var top uint64
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		metrics.Read(sample)
+		top = max(top, sample[0].Value.Uint64())
+		select {
+		case <-stop:
+			peak <- top
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func printReport(w io.Writer, cfg config, rep report) {
+	fmt.Fprintln(w, "| mode | round | requests | errors | loader calls | Redis GETs | wall time | p50 | p99 | peak heap |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, r := range rep.Rounds {
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %s | %s | %s | %s |\n", r.Mode, r.Round, r.Requests, r.Errors,
+			r.LoaderCalls, r.Gets, dur(r.Wall), dur(r.P50), dur(r.P99), mib(r.PeakHeap))
+	}
+	for _, r := range rep.Rounds {
+		if r.FirstErr != nil {
+			fmt.Fprintf(w, "\n%s, %s round: %d requests failed, first: %v\n", r.Mode, r.Round, r.Errors, r.FirstErr)
+		}
+	}
+	m := int64(cfg.Channels)
+	fmt.Fprintf(w, "\n| bytes stored | plain JSON | stored (%s) | saved |\n|---|--:|--:|--:|\n", rep.CodecName)
+	fmt.Fprintf(w, "| per channel (average) | %d | %d | %.1f%% |\n", rep.PlainBytes/m, rep.Stored/m, saved(rep))
+	fmt.Fprintf(w, "| all %d channels | %d | %d | %.1f%% |\n", m, rep.PlainBytes, rep.Stored, saved(rep))
+	if len(rep.Rounds) == 4 {
+		on, onWarm, off, offWarm := rep.Rounds[0], rep.Rounds[1], rep.Rounds[2], rep.Rounds[3]
+		fmt.Fprintf(w, "\nOn a cold cache, coalescing turned %d requests into %d loader calls and %d Redis GETs "+
+			"(%s wall, p99 %s, peak heap %s); without it the same surge made %d loader calls and %d GETs "+
+			"(%s wall, p99 %s, peak heap %s). Warm, coalescing served the %d requests with %d GETs and one "+
+			"decode per channel (p99 %s) where the uncoalesced cache issued %d GETs and as many decodes (p99 %s). "+
+			"Redis holds each channel as %d bytes of %s instead of %d bytes of JSON (%.1f%% saved).\n",
+			on.Requests, on.LoaderCalls, on.Gets, dur(on.Wall), dur(on.P99), mib(on.PeakHeap),
+			off.LoaderCalls, off.Gets, dur(off.Wall), dur(off.P99), mib(off.PeakHeap),
+			onWarm.Requests, onWarm.Gets, dur(onWarm.P99), offWarm.Gets, dur(offWarm.P99),
+			rep.Stored/m, rep.CodecName, rep.PlainBytes/m, saved(rep))
+	}
+}
+
+func dur(d time.Duration) string {
+	if d >= time.Second {
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%d MiB", b>>20) }
+
+func saved(rep report) float64 { return 100 * (1 - float64(rep.Stored)/float64(rep.PlainBytes)) }
