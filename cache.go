@@ -338,6 +338,10 @@ func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader
 				}
 				c.report(ctx, key, serr)
 			}
+			// A loader-less read begun before this store must not answer
+			// later callers with the miss it saw. (Reads that coalesce
+			// with this load get its value anyway.)
+			c.lookups.forget(key)
 			r.data = data
 		}
 		if c.perCaller && r.data == nil {
@@ -354,6 +358,7 @@ func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader
 			if serr := c.setRaw(ctx, key, []byte{tombstone}, p.NegativeTTL); serr != nil {
 				c.report(ctx, key, serr)
 			}
+			c.lookups.forget(key)
 		}
 		return result[T]{}, ErrNotFound
 	default:

@@ -157,6 +157,7 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, calls map[strin
 				if err := c.setRaw(ctx, k, []byte{tombstone}, p.NegativeTTL); err != nil {
 					c.report(ctx, k, err)
 				}
+				c.lookups.forget(k)
 			}
 			continue
 		}
@@ -173,8 +174,12 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, calls map[strin
 		items[k] = v
 	}
 	if store && !noStore && len(items) > 0 {
-		if _, err := c.setMany(ctx, items); err != nil {
+		stored, err := c.setMany(ctx, items)
+		if err != nil {
 			c.report(ctx, "", err)
+		}
+		for _, k := range stored {
+			c.lookups.forget(k)
 		}
 	}
 }

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSoakShort runs the soak for 3 seconds against a redis-server of its
+// own. It skips when redis-server is not on PATH, unless
+// PACKCACHE_REQUIRE_REDIS=1.
+func TestSoakShort(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("PACKCACHE_REQUIRE_REDIS") == "1" {
+			t.Fatal("redis-server not on PATH and PACKCACHE_REQUIRE_REDIS=1")
+		}
+		t.Skip("redis-server not on PATH")
+	}
+	cfg := config{duration: 3 * time.Second, workers: 16, keys: 100, minSize: 100, maxSize: 256 << 10, heapSlop: 64 << 20}
+	var out bytes.Buffer
+	start := time.Now()
+	rep, err := run(cfg, &out)
+	t.Logf("soak output (%v):\n%s", time.Since(start).Round(time.Millisecond), out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fails := rep.failures()
+	if len(fails) > 0 {
+		t.Fatal(strings.Join(fails, "\n"))
+	}
+}
+
+// TestSoakCLI checks the flags and the exit status of a clean run.
+func TestSoakCLI(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := cli([]string{"-workers", "0"}, &out, &errOut); code != 2 {
+		t.Errorf("-workers 0: exit %d, want 2", code)
+	}
+	if code := cli([]string{"-nosuchflag"}, &out, &errOut); code != 2 {
+		t.Errorf("unknown flag: exit %d, want 2", code)
+	}
+}

@@ -1,0 +1,763 @@
+package packcache_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// Fault-injection tests: each drives redis-server processes of its own
+// (stopped, paused, restarted) and checks that the cache's protections hold.
+// They need a real redis-server and skip on the miniredis fallback.
+
+// waitGoroutines waits up to d for the goroutine count to fall to at most
+// want, and returns the last count seen.
+func waitGoroutines(want int, d time.Duration) int {
+	deadline := time.Now().Add(d)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// isKeyErr reports whether err is a *packcache.Error naming key.
+func isKeyErr(err error, key string) bool {
+	var e *packcache.Error
+	return errors.As(err, &e) && e.Key == key && strings.Contains(err.Error(), strconv.Quote(key))
+}
+
+// TestFaultRedisKilledMidSurge stops Redis while 2,000 goroutines are
+// Getting through a loader-less cache and a read-through cache. Loader-less
+// callers must fail with ErrRedis well within their 2 s contexts (not hang
+// until the context ends), read-through callers must get the loaded value,
+// no goroutine may be left behind, and the same caches must work again after
+// the server is restarted.
+func TestFaultRedisKilledMidSurge(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "stops the server mid-surge")
+	rdb := s.Client(t, func(o *redis.Options) {
+		o.DialTimeout = 250 * time.Millisecond
+		o.ReadTimeout = 500 * time.Millisecond
+		o.WriteTimeout = 500 * time.Millisecond
+	})
+	ctx := ctxT(t)
+	const keys = 64
+	plain := mustNew[Channel](t, rdb)
+	var loads atomic.Int64
+	rt := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		loads.Add(1)
+		return Channel{ID: key, Title: "loaded"}, nil
+	})))
+	for i := range keys {
+		k := fmt.Sprintf("surge:%d", i)
+		if err := plain.Set(ctx, k, Channel{ID: k, Title: "stored"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	baseline := runtime.NumGoroutine()
+
+	const (
+		workers = 2000
+		perCall = 2 * time.Second
+	)
+	var (
+		stopped   atomic.Bool
+		done      = make(chan struct{})
+		mu        sync.Mutex
+		bad       []string
+		maxLat    atomic.Int64
+		redisErrs atomic.Int64 // loader-less Gets that failed after the stop
+		okAfter   atomic.Int64 // read-through Gets answered after the stop
+		calls     atomic.Int64
+	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		if len(bad) < 20 {
+			bad = append(bad, fmt.Sprintf(format, args...))
+		}
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			readThrough := w%2 == 1
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				k := fmt.Sprintf("surge:%d", (w+i)%keys)
+				after := stopped.Load()
+				cctx, cancel := context.WithTimeout(ctx, perCall)
+				start := time.Now()
+				var v Channel
+				var err error
+				if readThrough {
+					v, err = rt.Get(cctx, k)
+				} else {
+					v, err = plain.Get(cctx, k)
+				}
+				lat := time.Since(start)
+				cancel()
+				calls.Add(1)
+				for {
+					m := maxLat.Load()
+					if int64(lat) <= m || maxLat.CompareAndSwap(m, int64(lat)) {
+						break
+					}
+				}
+				switch {
+				case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+					fail("%s: Get hung until its context ended (%v): %v", k, lat, err)
+				case readThrough && (err != nil || v.ID != k):
+					fail("read-through Get %s = %+v, %v", k, v, err)
+				case readThrough:
+					if after {
+						okAfter.Add(1)
+					}
+				case err == nil:
+					if v.ID != k {
+						fail("Get %s returned %+v", k, v)
+					}
+				case !errors.Is(err, packcache.ErrRedis) || !isKeyErr(err, k):
+					fail("loader-less Get %s: %v, want ErrRedis naming the key", k, err)
+				case after:
+					redisErrs.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(150 * time.Millisecond) // the surge is under way
+	stopAt := time.Now()
+	s.Stop(t)
+	stopped.Store(true)
+	time.Sleep(700 * time.Millisecond) // Gets against the dead server
+	close(done)
+	wg.Wait()
+	t.Logf("%d Gets in %v; stop took %v; slowest Get %v; after the stop: %d ErrRedis, %d loaded; loads %d",
+		calls.Load(), time.Since(stopAt)+150*time.Millisecond, time.Since(stopAt)-700*time.Millisecond,
+		time.Duration(maxLat.Load()), redisErrs.Load(), okAfter.Load(), loads.Load())
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if maxLat.Load() >= int64(perCall) {
+		t.Errorf("slowest Get took %v, not within its %v context", time.Duration(maxLat.Load()), perCall)
+	}
+	if redisErrs.Load() == 0 {
+		t.Error("no loader-less Get failed with ErrRedis after the stop")
+	}
+	if okAfter.Load() == 0 {
+		t.Error("no read-through Get was answered after the stop")
+	}
+	// Close waits for the caches' detached work; then nothing of theirs may
+	// be left running.
+	plain.Close()
+	rt.Close()
+	if n := waitGoroutines(baseline+5, 3*time.Second); n > baseline+5 {
+		buf := make([]byte, 1<<20)
+		t.Errorf("%d goroutines after the surge, %d before:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
+	}
+
+	// The same caches work again once Redis is back.
+	s.Restart(t)
+	restartAt := time.Now()
+	// go-redis, after a run of failed dials, answers new dials with the
+	// last dial error until its background redial (once a second)
+	// succeeds, so allow it a little more than that.
+	for {
+		err := plain.Set(ctx, "after", Channel{ID: "after"})
+		if err == nil {
+			break
+		}
+		if time.Since(restartAt) > 3*time.Second {
+			t.Fatalf("Set %v after restart: %v", time.Since(restartAt), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v, err := plain.Get(ctx, "after"); err != nil || v.ID != "after" {
+		t.Fatalf("Get after restart: %+v, %v", v, err)
+	}
+	if v, err := rt.Get(ctx, "surge:1"); err != nil || v.ID != "surge:1" {
+		t.Fatalf("read-through Get after restart: %+v, %v", v, err)
+	}
+	t.Logf("working again %v after restart", time.Since(restartAt))
+}
+
+// TestFaultPausedRedisDeadlines suspends Redis (SIGSTOP) under 50 coalesced
+// callers of one key whose deadlines run from 10 ms to 500 ms: each must
+// leave with context.DeadlineExceeded at its own deadline (not when the
+// first leaves, nor when the shared read gives up), and a Get works after
+// Resume. It runs with a default go-redis client, whose socket reads ignore
+// contexts (ContextTimeoutEnabled is false by default), and with one that
+// honours them.
+func TestFaultPausedRedisDeadlines(t *testing.T) {
+	for _, ctxTimeouts := range []bool{false, true} {
+		name := "default-client"
+		if ctxTimeouts {
+			name = "context-timeout-client"
+		}
+		t.Run(name, func(t *testing.T) {
+			testPausedDeadlines(t, ctxTimeouts)
+		})
+	}
+}
+
+func testPausedDeadlines(t *testing.T, ctxTimeouts bool) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = ctxTimeouts })
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb)
+	want := makeChannel(7, 4<<10)
+	if err := c.Set(ctx, "slow", want); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause(t)
+	paused := true
+	defer func() {
+		if paused {
+			s.Resume(t)
+		}
+	}()
+
+	const n = 50
+	type outcome struct {
+		deadline, took time.Duration
+		err            error
+	}
+	out := make([]outcome, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		d := 10*time.Millisecond + time.Duration(i)*490*time.Millisecond/(n-1)
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			_, err := c.Get(cctx, "slow")
+			out[i] = outcome{d, time.Since(start), err}
+		})
+	}
+	wg.Wait()
+	worst := time.Duration(0)
+	for i, o := range out {
+		late := o.took - o.deadline
+		worst = max(worst, late)
+		if !errors.Is(o.err, context.DeadlineExceeded) {
+			t.Errorf("caller %d (deadline %v): err = %v, want context.DeadlineExceeded", i, o.deadline, o.err)
+		}
+		if o.took < o.deadline-5*time.Millisecond || late > 100*time.Millisecond {
+			t.Errorf("caller %d with deadline %v returned after %v", i, o.deadline, o.took)
+		}
+	}
+	t.Logf("50 callers, deadlines 10ms..500ms: latest return %v after its deadline", worst)
+	if cw := c.Stats().CoalescedWaits; cw == 0 {
+		t.Errorf("CoalescedWaits = 0: the callers did not share reads")
+	}
+
+	s.Resume(t)
+	paused = false
+	deadline := time.Now().Add(6 * time.Second)
+	for {
+		v, err := c.Get(ctx, "slow")
+		if err == nil && v.ID == want.ID && len(v.Messages) == len(want.Messages) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Get after Resume: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClusterMasterStopped stops one master of a 3-master cluster: keys on
+// the other masters must still be served, and keys in the lost slots must
+// fail promptly with ErrRedis naming the key.
+func TestClusterMasterStopped(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	// By default a cluster that loses slots refuses every command
+	// (CLUSTERDOWN) once the other masters agree the node failed; a
+	// deployment that wants partial availability turns that off, and that
+	// is the case where the cache must keep serving the healthy slots.
+	for _, n := range cl.Nodes() {
+		rc := n.Client(t)
+		if err := rc.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rc.Close()
+	}
+	rdb := cl.Client(t, func(o *redis.ClusterOptions) {
+		o.DialTimeout = 200 * time.Millisecond
+		o.ReadTimeout = 300 * time.Millisecond
+		o.WriteTimeout = 300 * time.Millisecond
+		o.MaxRedirects = 2
+		// go-redis retries a refused dial 5 times with backoff by
+		// default, and the command as well: that alone can take seconds.
+		o.MaxRetries = -1
+		o.DialerRetries = 1
+		o.DialerRetryTimeout = 10 * time.Millisecond
+	})
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(0, 0))
+	const nkeys = 300
+	victim := cl.Nodes()[1]
+	var lost, kept []string
+	for i := range nkeys {
+		k := fmt.Sprintf("user:{%d}:doc", i)
+		if err := c.Set(ctx, k, makeChannel(uint64(i), 2<<10)); err != nil {
+			t.Fatal(err)
+		}
+		if cl.NodeForKey(t, k) == victim {
+			lost = append(lost, k)
+		} else {
+			kept = append(kept, k)
+		}
+	}
+	if len(lost) == 0 || len(kept) == 0 {
+		t.Fatalf("keys split %d lost / %d kept", len(lost), len(kept))
+	}
+	victim.Stop(t)
+	if len(lost) > 30 {
+		lost = lost[:30] // each costs a refused dial and a slot-map reload
+	}
+
+	check := func(phase string) {
+		t.Helper()
+		start := time.Now()
+		var slowest time.Duration
+		for _, k := range kept {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			t0 := time.Now()
+			v, err := c.Get(cctx, k)
+			slowest = max(slowest, time.Since(t0))
+			cancel()
+			if err != nil || v.ID == "" {
+				t.Fatalf("%s: Get of %s on a healthy master: %v", phase, k, err)
+			}
+		}
+		for _, k := range lost {
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			t0 := time.Now()
+			_, err := c.Get(cctx, k)
+			took := time.Since(t0)
+			slowest = max(slowest, took)
+			cancel()
+			if !errors.Is(err, packcache.ErrRedis) || !isKeyErr(err, k) {
+				t.Fatalf("%s: Get of %s in a lost slot: %v, want ErrRedis naming the key", phase, k, err)
+			}
+			if errors.Is(err, context.DeadlineExceeded) || took > 1500*time.Millisecond {
+				t.Fatalf("%s: Get of %s took %v: %v", phase, k, took, err)
+			}
+		}
+		t.Logf("%s: %d Gets on healthy masters ok, %d in lost slots failed with ErrRedis, in %v (slowest %v)",
+			phase, len(kept), len(lost), time.Since(start), slowest)
+	}
+	check("just stopped")
+	// Once the others mark the node as failed (node timeout 1 s), they
+	// answer its slots with CLUSTERDOWN instead of the client failing to
+	// dial; both must be ErrRedis, and the healthy slots stay served.
+	time.Sleep(2500 * time.Millisecond)
+	check("marked failed")
+}
+
+// TestPoolExhaustion starves a 2-connection pool: 20,000 goroutines Get
+// distinct keys (no coalescing) while the server is paused for 300 ms.
+// Nothing deadlocks, every error is an ErrRedis carrying the pool timeout,
+// and Gets work after Resume.
+func TestPoolExhaustion(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) {
+		o.PoolSize = 2
+		o.PoolTimeout = 50 * time.Millisecond
+		o.MaxRetries = -1 // each pool timeout is the caller's error
+	})
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb, packcache.WithCoalescing(false), packcache.WithCircuitBreaker(0, 0))
+	for i := range 100 {
+		if err := c.Set(ctx, fmt.Sprintf("pool:%d", i), Channel{ID: fmt.Sprintf("pool:%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	baseline := runtime.NumGoroutine()
+	const n = 20000
+	var okN, missN, poolN, otherRedisN atomic.Int64
+	var mu sync.Mutex
+	var bad []string
+	s.Pause(t)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			k := fmt.Sprintf("pool:%d", i)
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			v, err := c.Get(cctx, k)
+			switch {
+			case err == nil && v.ID == k:
+				okN.Add(1)
+			case errors.Is(err, packcache.ErrMiss):
+				missN.Add(1)
+			case errors.Is(err, packcache.ErrRedis) && isKeyErr(err, k):
+				if errors.Is(err, redis.ErrPoolTimeout) {
+					poolN.Add(1)
+				} else {
+					otherRedisN.Add(1)
+				}
+			default:
+				mu.Lock()
+				if len(bad) < 10 {
+					bad = append(bad, fmt.Sprintf("Get %s = %+v, %v", k, v, err))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(300*time.Millisecond - time.Since(start))
+	s.Resume(t)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Gets still blocked 20 s after Resume: deadlock")
+	}
+	t.Logf("%d Gets in %v: %d values, %d misses, %d pool timeouts, %d other Redis errors",
+		n, time.Since(start), okN.Load(), missN.Load(), poolN.Load(), otherRedisN.Load())
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if poolN.Load() == 0 {
+		t.Error("no Get failed with a pool timeout while the server was paused")
+	}
+	// The only other Redis errors allowed would be from the two calls
+	// holding the connections, and those got their replies after Resume.
+	if otherRedisN.Load() > 2 {
+		t.Errorf("%d Redis errors other than pool timeouts", otherRedisN.Load())
+	}
+	for i := range 100 {
+		k := fmt.Sprintf("pool:%d", i)
+		if v, err := c.Get(ctx, k); err != nil || v.ID != k {
+			t.Fatalf("Get %s after Resume: %+v, %v", k, v, err)
+		}
+	}
+	if g := waitGoroutines(baseline+5, 3*time.Second); g > baseline+5 {
+		t.Errorf("%d goroutines left, %d before", g, baseline)
+	}
+}
+
+// TestBreakerReadThrough stops Redis under a read-through cache with
+// WithCircuitBreaker(3, 200ms): once the breaker opens, Gets answer from the
+// loader without touching Redis (1,000 of them take less than the retry
+// backoff of a few failing calls), and after a restart the cache goes back
+// to Redis within the cool-down.
+func TestBreakerReadThrough(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "stops and restarts the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.DialTimeout = 500 * time.Millisecond })
+	ctx := ctxT(t)
+	var loads atomic.Int64
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, 200*time.Millisecond),
+		packcache.WithShareWindow(0),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			loads.Add(1)
+			return Channel{ID: key, Title: "from loader"}, nil
+		})))
+	if _, err := c.Get(ctx, "b:0"); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop(t)
+	// Open the breaker; time the failing calls that do it.
+	t0 := time.Now()
+	for i := range 3 {
+		if v, err := c.Get(ctx, fmt.Sprintf("b:%d", i)); err != nil || v.Title != "from loader" {
+			t.Fatalf("Get with Redis down: %+v, %v", v, err)
+		}
+	}
+	perFailure := time.Since(t0) / 3
+	errsBefore := c.Stats().RedisErrors
+	loadsBefore := loads.Load()
+	start := time.Now()
+	for i := range 1000 {
+		k := fmt.Sprintf("b:%d", i%50)
+		v, err := c.Get(ctx, k)
+		if err != nil || v.ID != k || v.Title != "from loader" {
+			t.Fatalf("Get %d with the breaker open: %+v, %v", i, v, err)
+		}
+	}
+	took := time.Since(start)
+	probes := c.Stats().RedisErrors - errsBefore
+	t.Logf("a Get against the stopped server took %v; 1000 Gets with the breaker open took %v (%d probes reached Redis, %d loads)",
+		perFailure, took, probes, loads.Load()-loadsBefore)
+	if took > 500*time.Millisecond {
+		t.Errorf("1000 Gets with the breaker open took %v", took)
+	}
+	// One probe per cool-down at most.
+	if maxProbes := uint64(took/(200*time.Millisecond)) + 2; probes > maxProbes {
+		t.Errorf("%d calls reached Redis with the breaker open, want at most %d", probes, maxProbes)
+	}
+	if got := loads.Load() - loadsBefore; got != 1000 {
+		t.Errorf("loader called %d times for 1000 Gets, want 1000", got)
+	}
+
+	s.Restart(t)
+	back := time.Now()
+	hits := c.Stats().Hits
+	for c.Stats().Hits == hits {
+		if time.Since(back) > 1500*time.Millisecond {
+			t.Fatalf("no Get was answered from Redis %v after restart", time.Since(back))
+		}
+		if v, err := c.Get(ctx, "b:back"); err != nil || v.ID != "b:back" {
+			t.Fatalf("Get after restart: %+v, %v", v, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("Gets hit Redis again %v after restart", time.Since(back))
+}
+
+// redisHasTLS reports whether the redis-server on PATH knows the tls-port
+// directive: a build without TLS rejects it as a bad directive. It asks the
+// binary to parse a command line that ends in a deliberately unknown
+// directive, so the server never starts whatever the build.
+func redisHasTLS(t *testing.T) (bool, string) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return false, "redis-server not on PATH"
+	}
+	out, _ := exec.Command(bin, "--port", "0", "--tls-port", "0", "--packcache-probe", "x").CombinedOutput()
+	switch s := string(out); {
+	case strings.Contains(s, "packcache-probe"):
+		return true, ""
+	case strings.Contains(s, "tls-port"):
+		return false, "this redis-server was built without TLS (tls-port is a bad directive)"
+	default:
+		return false, "could not tell whether redis-server has TLS: " + strings.TrimSpace(s)
+	}
+}
+
+// TestTLSWithACLUser runs redis-server with TLS (a CA and server
+// certificate made here) and an ACL user, and uses the cache over it.
+func TestTLSWithACLUser(t *testing.T) {
+	ok, why := redisHasTLS(t)
+	if !ok {
+		if os.Getenv(redistest.RequireEnv) == "1" && strings.Contains(why, "PATH") {
+			t.Fatal(why)
+		}
+		t.Skip("TLS test skipped: " + why)
+	}
+	dir := t.TempDir()
+	caPEM, certFile, keyFile := writeTestPKI(t, dir)
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsPort := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := redistest.Start(t,
+		"--tls-port", strconv.Itoa(tlsPort),
+		"--tls-cert-file", certFile,
+		"--tls-key-file", keyFile,
+		"--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", "no",
+		"--user", "cacheuser", "on", ">s3cret-pw", "~*", "&*", "+@all",
+	)
+	redistest.RequireReal(t, s, "starts redis-server with TLS")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	tlsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
+	newClient := func(user, pw string, conf *tls.Config) *redis.Client {
+		rc := redis.NewClient(&redis.Options{
+			Addr: tlsAddr, Username: user, Password: pw, TLSConfig: conf,
+			DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1,
+		})
+		t.Cleanup(func() { rc.Close() })
+		return rc
+	}
+	ctx := ctxT(t)
+	rdb := newClient("cacheuser", "s3cret-pw", &tls.Config{RootCAs: roots, ServerName: "localhost", MinVersion: tls.VersionTLS12})
+	if who, err := rdb.Do(ctx, "ACL", "WHOAMI").Text(); err != nil || who != "cacheuser" {
+		t.Fatalf("ACL WHOAMI over TLS = %q, %v", who, err)
+	}
+	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.Zstd))
+	want := makeChannel(3, 64<<10)
+	if err := c.Set(ctx, "tls:doc", want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Get(ctx, "tls:doc")
+	if err != nil || got.ID != want.ID || len(got.Messages) != len(want.Messages) {
+		t.Fatalf("Get over TLS: %v", err)
+	}
+	if raw := rawGet(t, rdb, "tls:doc"); raw[0] != codec.HeaderZstd {
+		t.Fatalf("stored value starts with 0x%02x, want zstd", raw[0])
+	}
+	// The credentials and the certificate are really checked.
+	if err := newClient("cacheuser", "wrong", &tls.Config{RootCAs: roots, ServerName: "localhost"}).Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Errorf("wrong password: %v", err)
+	}
+	if err := newClient("cacheuser", "s3cret-pw", &tls.Config{ServerName: "localhost"}).Ping(ctx).Err(); err == nil {
+		t.Error("server certificate from an unknown CA accepted")
+	}
+	if err := newClient("cacheuser", "s3cret-pw", nil).Ping(ctx).Err(); err == nil {
+		t.Error("plaintext connection to the TLS port succeeded")
+	}
+}
+
+// writeTestPKI makes a self-signed CA and a server certificate for
+// localhost and 127.0.0.1 signed by it, writes the server's certificate and
+// key to dir, and returns the CA certificate (PEM) and the two file names.
+func writeTestPKI(t *testing.T, dir string) (caPEM []byte, certFile, keyFile string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "packcache test CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		DNSNames:     []string{"localhost"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(srvKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile = filepath.Join(dir, "server.pem")
+	keyFile = filepath.Join(dir, "server.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), certFile, keyFile
+}
+
+// slowGetHook delays the reply of the first GET it sees while armed, as a
+// descheduled goroutine or a slow network would: the read is done in Redis
+// but its caller has not yet heard.
+type slowGetHook struct {
+	armed atomic.Bool
+	delay time.Duration
+}
+
+func (h *slowGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "get" && h.armed.CompareAndSwap(true, false) {
+			time.Sleep(h.delay)
+		}
+		return err
+	}
+}
+
+// TestFaultSlowReadAfterWrite: a loader-less Get whose GET has run (a miss)
+// but whose reply is slow is still under way when a write to the key
+// completes in this process. A Get that begins after the write returned must
+// see the write, not join the stale read. Set and Delete end the sharing of
+// reads under way (forget); a GetOrLoad whose load stores must too.
+func TestFaultSlowReadAfterWrite(t *testing.T) {
+	for _, write := range []string{"Set", "GetOrLoad"} {
+		t.Run(write, func(t *testing.T) {
+			s := redistest.Start(t)
+			hook := &slowGetHook{delay: 300 * time.Millisecond}
+			rdb := s.Client(t)
+			rdb.AddHook(hook)
+			ctx := ctxT(t)
+			c := mustNew[Channel](t, rdb)
+			hook.armed.Store(true)
+			first := make(chan error, 1)
+			go func() { _, err := c.Get(ctx, "k"); first <- err }()
+			for hook.armed.Load() { // the slow GET has been sent
+				time.Sleep(time.Millisecond)
+			}
+			want := Channel{ID: "written"}
+			switch write {
+			case "Set":
+				if err := c.Set(ctx, "k", want); err != nil {
+					t.Fatal(err)
+				}
+			case "GetOrLoad":
+				v, err := c.GetOrLoad(ctx, "k", func(context.Context) (Channel, error) { return want, nil })
+				if err != nil || v.ID != want.ID {
+					t.Fatalf("GetOrLoad = %+v, %v", v, err)
+				}
+			}
+			if raw := rawGet(t, rdb, "k"); len(raw) == 0 {
+				t.Fatal("write not stored")
+			}
+			v, err := c.Get(ctx, "k")
+			if e := <-first; !errors.Is(e, packcache.ErrMiss) {
+				t.Errorf("the slow Get begun before the write: %v, want ErrMiss", e)
+			}
+			if err != nil || v.ID != want.ID {
+				t.Fatalf("Get after %s returned: %+v, %v; want the written value", write, v, err)
+			}
+		})
+	}
+}
