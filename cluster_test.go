@@ -1,0 +1,107 @@
+package packcache_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// pipelineCounter counts the pipelines each cluster node receives.
+type pipelineCounter struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (p *pipelineCounter) hook(addr string) redis.Hook {
+	return pipeHook{p: p, addr: addr}
+}
+
+type pipeHook struct {
+	p    *pipelineCounter
+	addr string
+}
+
+func (h pipeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h pipeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && (cmds[0].Name() == "hello" || cmds[0].Name() == "client") {
+			return next(ctx, cmds) // a new connection's handshake
+		}
+		h.p.mu.Lock()
+		h.p.calls[h.addr]++
+		h.p.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchesOneRoundTripPerNode checks that GetMany, SetMany, Delete and
+// GetOrLoadMany over keys in every slot send one pipeline to each master,
+// not one command per key.
+func TestBatchesOneRoundTripPerNode(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	pc := &pipelineCounter{calls: map[string]int{}}
+	rdb := cl.Client(t, func(o *redis.ClusterOptions) {
+		o.NewClient = func(opt *redis.Options) *redis.Client {
+			c := redis.NewClient(opt)
+			c.AddHook(pc.hook(opt.Addr))
+			return c
+		}
+	})
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb)
+	items := map[string]Channel{}
+	var keys []string
+	for i := range 300 {
+		k := fmt.Sprintf("batch:%d", i)
+		items[k] = Channel{ID: k}
+		keys = append(keys, k)
+	}
+	check := func(what string, f func() error) {
+		t.Helper()
+		pc.mu.Lock()
+		clear(pc.calls)
+		pc.mu.Unlock()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		pc.mu.Lock()
+		defer pc.mu.Unlock()
+		if len(pc.calls) != 3 {
+			t.Fatalf("%s reached %d nodes, want 3: %v", what, len(pc.calls), pc.calls)
+		}
+		for addr, n := range pc.calls {
+			if _, _, err := net.SplitHostPort(addr); err != nil || n != 1 {
+				t.Fatalf("%s sent %d pipelines to %s, want 1 (%v)", what, n, addr, pc.calls)
+			}
+		}
+	}
+	check("SetMany", func() error { return c.SetMany(ctx, items) })
+	check("GetMany", func() error {
+		got, err := c.GetMany(ctx, keys)
+		if err == nil && len(got) != len(keys) {
+			err = fmt.Errorf("got %d of %d", len(got), len(keys))
+		}
+		return err
+	})
+	check("Delete", func() error { return c.Delete(ctx, keys...) })
+	var loaded int
+	check("GetOrLoadMany reads", func() error {
+		got, err := c.GetOrLoadMany(ctx, keys[:150], func(ctx context.Context, missing []string) (map[string]Channel, error) {
+			loaded = len(missing)
+			return map[string]Channel{}, nil
+		})
+		if err == nil && (len(got) != 0 || loaded != 150) {
+			err = fmt.Errorf("got %d, loaded %d", len(got), loaded)
+		}
+		return err
+	})
+}
