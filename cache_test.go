@@ -485,3 +485,22 @@ func TestSetDuringGetIsSeen(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryUsage checks what Redis itself accounts for a compressed
+// value, which is what fills its memory: MEMORY USAGE, not STRLEN.
+func TestMemoryUsage(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "MEMORY USAGE is not implemented by miniredis")
+	ctx := ctxT(t)
+	doc := makeChannel(3, 128<<10)
+	plain := mustNew[Channel](t, rdb, packcache.WithCodec(codec.None))
+	packed := mustNew[Channel](t, rdb)
+	plain.Set(ctx, "plain", doc)
+	packed.Set(ctx, "packed", doc)
+	p := rdb.MemoryUsage(ctx, "plain").Val()
+	z := rdb.MemoryUsage(ctx, "packed").Val()
+	if p < 96<<10 || z*2 > p {
+		t.Fatalf("MEMORY USAGE plain %d, zstd %d: want zstd under half", p, z)
+	}
+	t.Logf("128 KiB channel: MEMORY USAGE plain %d B, zstd %d B (%.2f)", p, z, float64(z)/float64(p))
+}
