@@ -7,6 +7,12 @@
 // persistence) and stops it on exit. With REDIS_ADDR it uses that server
 // instead, writes only keys under a unique prefix and deletes only those; it
 // never runs FLUSHALL on a server it did not start.
+//
+// With -net (Linux, root, iproute2) it starts redis-server inside a network
+// namespace of its own instead, reached over a veth pair shaped with tbf at
+// -net-rate in both directions, optionally with -net-delay added per
+// direction by an in-process proxy; see net.go. It removes the namespace,
+// the veth pair and the server on exit, including on SIGINT/SIGTERM.
 package main
 
 import (
@@ -43,6 +49,8 @@ type config struct {
 	corpus   string
 	chart    string
 	net      bool
+	netRate  string
+	netDelay time.Duration
 }
 
 var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "peers"}
@@ -58,7 +66,8 @@ type env struct {
 	machine string
 	command string
 	errs    []error
-	docs    []doc // corpus documents, if -corpus
+	docs    []doc     // corpus documents, if -corpus
+	net     *netSetup // -net: the shaped namespace Redis runs in
 
 	// collected for the chart
 	sizeRatios map[string][]point // codec -> (doc size, stored/plain)
@@ -71,6 +80,7 @@ type env struct {
 type point struct{ x, y float64 }
 
 func (e *env) fail(suite string, err error) {
+	waitIfInterrupted()
 	e.errs = append(e.errs, fmt.Errorf("%s: %w", suite, err))
 	fmt.Fprintf(e.out, "\n**ERROR in %s:** %v\n", suite, err)
 }
@@ -175,7 +185,9 @@ func main() {
 	flag.IntVar(&cfg.surgeN, "surge-n", 20000, "goroutines in a surge")
 	flag.StringVar(&cfg.corpus, "corpus", "", "directory of *.json documents to use instead of generated ones (sizes, threshold, cost)")
 	flag.StringVar(&cfg.chart, "chart", "", "write an SVG chart to this file")
-	flag.BoolVar(&cfg.net, "net", false, "run Redis behind a shaped veth in a network namespace (not implemented)")
+	flag.BoolVar(&cfg.net, "net", false, "run Redis in a network namespace of its own behind a veth pair shaped with tbf (Linux, root, iproute2)")
+	flag.StringVar(&cfg.netRate, "net-rate", "1gbit", "with -net: tbf rate in each direction (tc syntax: 1gbit, 100mbit, ...)")
+	flag.DurationVar(&cfg.netDelay, "net-delay", 0, "with -net: one-way delay added to each direction by an in-process proxy (RTT grows by twice this)")
 	flag.Parse()
 
 	cfg.suites = map[string]bool{}
@@ -211,24 +223,48 @@ func run(cfg config) int {
 	e := &env{cfg: cfg, out: os.Stdout, sizeRatios: map[string][]point{}, getLat: map[string][]point{}}
 	e.command = "cd bench && go run ./cmd/packbench " + strings.Join(quoteArgs(os.Args[1:]), " ")
 
+	// Undo steps (our redis-server, -net's namespace and veth) go on atExit
+	// as they are made, so a signal at any point removes what exists.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		interrupted.Store(true)
+		fmt.Fprintf(os.Stderr, "packbench: %v: cleaning up\n", s)
+		// Let a setup step in flight finish and register its undo step.
+		setupMu.Lock()
+		atExit.run()
+		os.Exit(130)
+	}()
+	defer atExit.run()
+
+	setupMu.Lock()
 	if cfg.net {
-		fmt.Fprintln(os.Stderr, "packbench: -net: not implemented (Redis behind a shaped veth); running on loopback")
-		fmt.Fprintln(e.out, "> -net: not implemented; all numbers are over loopback.")
+		if os.Getenv("REDIS_ADDR") != "" {
+			setupMu.Unlock()
+			fmt.Fprintln(os.Stderr, "packbench: -net starts its own redis-server in a namespace; unset REDIS_ADDR")
+			return 2
+		}
+		ns, err := setupNet(cfg.netRate, cfg.netDelay)
+		if err != nil {
+			setupMu.Unlock()
+			atExit.run()
+			fmt.Fprintln(os.Stderr, "packbench: -net: cannot set up:", err)
+			fmt.Fprintln(os.Stderr, "packbench: -net: nothing was measured; run without -net for loopback numbers")
+			return 1
+		}
+		e.net = ns
 	}
 
 	stop, err := e.connect(ctx)
+	if err == nil {
+		atExit.push(stop)
+	}
+	setupMu.Unlock()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "packbench:", err)
 		return 1
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		stop()
-		os.Exit(130)
-	}()
-	defer stop()
 
 	if cfg.corpus != "" {
 		if e.docs, err = loadCorpus(cfg.corpus); err != nil {
@@ -238,6 +274,11 @@ func run(cfg config) int {
 	}
 
 	fmt.Fprintf(e.out, "# packbench\n\nmachine: %s  \ncommand: `%s`\n", e.machine, e.command)
+	if e.net != nil {
+		fmt.Fprintf(e.out, "\n> -net: all numbers are %s, not loopback.\n", e.net.describe())
+	} else {
+		fmt.Fprintln(e.out, "\n> network: loopback (127.0.0.1), unshaped.")
+	}
 	if cfg.quick {
 		fmt.Fprintln(e.out, "\n> -quick: tiny sizes and counts; numbers are a smoke test, not measurements.")
 	}
@@ -278,6 +319,7 @@ func run(cfg config) int {
 			fmt.Fprintf(e.out, "\nchart written to %s\n", cfg.chart)
 		}
 	}
+	waitIfInterrupted()
 	if len(e.errs) > 0 {
 		fmt.Fprintln(os.Stderr, "packbench: errors:")
 		for _, err := range e.errs {
@@ -307,6 +349,11 @@ func (e *env) connect(ctx context.Context) (stop func(), err error) {
 	stop = func() {}
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		e.addr, e.own = addr, false
+	} else if e.net != nil {
+		e.addr, e.own = e.net.redisAddr, true
+		if e.net.proxyAddr != "" {
+			e.addr = e.net.proxyAddr
+		}
 	} else {
 		addr, s, err := startRedis()
 		if err != nil {
@@ -325,6 +372,12 @@ func (e *env) connect(ctx context.Context) (stop func(), err error) {
 		return func() {}, err
 	}
 	where := "own redis-server on " + e.addr
+	if e.net != nil {
+		where = fmt.Sprintf("own redis-server on %s in netns %s, tbf %s each way", e.net.redisAddr, e.net.ns, e.net.rate)
+		if e.net.delay > 0 {
+			where += fmt.Sprintf(", +%v each way via proxy %s", e.net.delay, e.net.proxyAddr)
+		}
+	}
 	if !e.own {
 		where = "shared redis on " + e.addr
 	}
@@ -340,8 +393,21 @@ func (e *env) connect(ctx context.Context) (stop func(), err error) {
 	}, nil
 }
 
-// startRedis runs redis-server on a free port without persistence.
+// startRedis runs redis-server on a free loopback port without persistence.
 func startRedis() (addr string, stop func(), err error) {
+	return startRedisIn(nil, "127.0.0.1", func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	})
+}
+
+// startRedisIn runs redis-server, prefixed by wrap (e.g. ip netns exec ns),
+// bound to host on the port pick returns, without persistence.
+func startRedisIn(wrap []string, host string, pick func() int) (addr string, stop func(), err error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return "", nil, errors.New("redis-server not on PATH (or set REDIS_ADDR)")
@@ -351,24 +417,26 @@ func startRedis() (addr string, stop func(), err error) {
 		return "", nil, err
 	}
 	for attempt := 0; attempt < 5; attempt++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", nil, err
+		port := pick()
+		if port == 0 {
+			os.RemoveAll(dir)
+			return "", nil, errors.New("no free port")
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		cmd := exec.Command(bin,
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		args := append(append([]string{}, wrap...), bin,
+			"--port", strconv.Itoa(port), "--bind", host,
 			"--save", "", "--appendonly", "no", "--dir", dir,
 			"--logfile", filepath.Join(dir, "redis.log"), "--daemonize", "no",
 			"--protected-mode", "no")
+		// ip netns exec execs redis-server in place, so cmd.Process is the
+		// server either way.
+		cmd := exec.Command(args[0], args[1:]...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			return "", nil, err
 		}
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
-		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		addr = net.JoinHostPort(host, strconv.Itoa(port))
 		ready := false
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 			select {
