@@ -55,10 +55,10 @@ type Cache[T any] struct {
 	base       *policy[T]
 	prefixes   []*policy[T] // longest prefix first
 	breaker    breaker
-	lookups    group[result[T]] // Gets without a loader: read and decode
-	reads      group[result[T]] // Gets with a loader: read, decode, and load on a miss
-	loads      group[result[T]] // loads, shared by reads and GetOrLoadMany
-	refreshing group[struct{}]
+	lookups    group[result[T], flight[T]] // Gets without a loader: read and decode
+	reads      group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
+	loads      group[result[T], flight[T]] // loads, shared by reads and GetOrLoadMany
+	refreshing group[struct{}, flight[T]]
 	wg         sync.WaitGroup
 	closed     context.Context
 	close      context.CancelFunc
@@ -70,6 +70,17 @@ type policy[T any] struct {
 	prefix string
 	loader Loader[T]
 	stats  counters
+}
+
+// flight holds what one piece of shared work needs, passed by value so
+// that no closure is allocated for it.
+type flight[T any] struct {
+	c       *Cache[T]
+	key     string
+	p       *policy[T]
+	ld      Loader[T]
+	stale   *result[T] // for a load: the expired value to fall back on
+	redisUp bool       // for a load: whether to store its value
 }
 
 // result is what shared work hands its callers.
@@ -218,17 +229,17 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 }
 
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
-		r, err := c.lookup(ctx, key, p, ld)
+		var r result[T]
+		err := lookup(ctx, f, &r)
 		return c.deliver(key, p, r, err)
 	}
 	g := &c.lookups
 	if ld != nil {
 		g = &c.reads
 	}
-	r, err, shared := g.do(ctx, key, func(ctx context.Context) (result[T], error) {
-		return c.lookup(ctx, key, p, ld)
-	})
+	r, err, shared := g.do(ctx, key, f, lookup[T])
 	if shared {
 		p.stats.coalescedWaits.Add(1)
 	}
@@ -264,68 +275,79 @@ func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error) (T,
 }
 
 // lookup is the work one Get does, shared by the callers that coalesce: read
-// Redis and decode; on a miss or an undecodable value, load and store.
-func (c *Cache[T]) lookup(ctx context.Context, key string, p *policy[T], ld Loader[T]) (result[T], error) {
-	var stale *result[T]
+// Redis and decode into r; on a miss or an undecodable value, load and
+// store.
+func lookup[T any](ctx context.Context, f flight[T], r *result[T]) error {
+	c, key, p, ld := f.c, f.key, f.p, f.ld
 	redisUp := c.breaker.allow()
 	if redisUp {
-		r, left, err := c.fetch(ctx, key, p)
+		left, err := c.fetch(ctx, key, p, r)
 		switch {
 		case err == nil:
 			if p.StaleFor > 0 && left >= 0 && left <= p.StaleFor {
 				if ld == nil {
-					return result[T]{}, ErrMiss
+					*r = result[T]{}
+					return ErrMiss
 				}
-				stale = &r
+				s := *r
+				f.stale = &s
 				break
 			}
 			if ld != nil && p.RefreshAfter > 0 && left >= 0 && p.TTL+p.StaleFor-left >= p.RefreshAfter {
 				c.refresh(ctx, key, p, ld)
 			}
-			return r, nil
+			return nil
 		case errors.Is(err, ErrMiss):
 			if ld == nil {
-				return result[T]{}, ErrMiss
+				return ErrMiss
 			}
 		case errors.Is(err, ErrNotFound):
-			return result[T]{}, ErrNotFound
+			return ErrNotFound
 		case errors.Is(err, ErrRedis):
 			if ld == nil || c.strict {
-				return result[T]{}, err
+				return err
 			}
 			c.report(ctx, key, err)
 			redisUp = false
 		default: // undecodable
 			if ld == nil {
-				return result[T]{}, err
+				return err
 			}
 			c.report(ctx, key, err)
 		}
 	} else {
 		if ld == nil || c.strict {
-			return result[T]{}, keyErr("get", key, &kindError{ErrRedis, ErrCircuitOpen})
+			return keyErr("get", key, &kindError{ErrRedis, ErrCircuitOpen})
 		}
 	}
-	load := func(ctx context.Context) (result[T], error) {
-		if redisUp && c.lockLease > 0 {
-			return c.loadLocked(ctx, key, p, ld, stale)
-		}
-		return c.load(ctx, key, p, ld, stale, redisUp)
-	}
+	f.redisUp = redisUp
 	if !c.coalesce {
-		return load(ctx)
+		return loadFlight(ctx, f, r)
 	}
 	// The load runs detached from this caller, who may leave, while the
 	// callers sharing this read, and later ones, wait for it.
-	r, err, _ := c.loads.start(ctx, key, detach(ctx, c.closed, c.timeout), load)
-	return r, err
+	var err error
+	*r, err, _ = c.loads.start(ctx, key, detach(ctx, c.closed, c.timeout), f, loadFlight[T])
+	return err
+}
+
+// loadFlight is the load of a flight: under the cross-process lock when
+// there is one and Redis is up.
+func loadFlight[T any](ctx context.Context, f flight[T], r *result[T]) error {
+	var err error
+	if f.redisUp && f.c.lockLease > 0 {
+		*r, err = f.c.loadLocked(ctx, f.key, f.p, f.ld, f.stale)
+	} else {
+		*r, err = f.c.load(ctx, f.key, f.p, f.ld, f.stale, f.redisUp)
+	}
+	return err
 }
 
 // load calls the loader and, when Redis is up, stores what it returns.
 func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader[T], stale *result[T], store bool) (result[T], error) {
 	var v T
 	var err error
-	protect(ctx, func(ctx context.Context) (T, error) { return ld.Load(ctx, key) }, &v, &err)
+	protect(ctx, loaderCall[T]{ld, key}, callLoader[T], &v, &err)
 	switch {
 	case err == nil || errors.Is(err, DoNotCache):
 		p.stats.loads.Add(1)
@@ -374,9 +396,10 @@ func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader
 	}
 }
 
-// fetch reads key from Redis and decodes it. left is the time the value
-// has to live, or -1 when it was not asked for or the value has no expiry.
-func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) (r result[T], left time.Duration, err error) {
+// fetch reads key from Redis and decodes it into r. left is the time the
+// value has to live, or -1 when it was not asked for or the value has no
+// expiry.
+func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], r *result[T]) (left time.Duration, err error) {
 	left = -1
 	var s string
 	if p.RefreshAfter > 0 || p.StaleFor > 0 {
@@ -396,41 +419,54 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) (r resul
 	if err != nil {
 		if err == redis.Nil {
 			c.breaker.success()
-			return r, left, ErrMiss
+			return left, ErrMiss
 		}
 		c.redisFailed(p, err)
-		return r, left, keyErr("get", key, redisErr(err))
+		return left, keyErr("get", key, redisErr(err))
 	}
 	c.breaker.success()
 	// The string is ours alone and is only read: view it as bytes rather
 	// than copy a value that may be megabytes.
 	data := unsafe.Slice(unsafe.StringData(s), len(s))
 	if len(data) == 1 && data[0] == tombstone {
-		return r, left, ErrNotFound
+		return left, ErrNotFound
 	}
-	r, err = c.decode(key, data)
-	if err != nil {
+	if err = c.decode(key, data, r); err != nil {
 		p.stats.decodeErrors.Add(1)
 	}
-	return r, left, err
+	return left, err
 }
 
-// decode turns a stored value into a result.
-func (c *Cache[T]) decode(key string, data []byte) (result[T], error) {
-	var r result[T]
+// loaderCall is a loader and its key, for protect.
+type loaderCall[T any] struct {
+	ld  Loader[T]
+	key string
+}
+
+func callLoader[T any](ctx context.Context, l loaderCall[T], v *T) error {
+	var err error
+	*v, err = l.ld.Load(ctx, l.key)
+	return err
+}
+
+// decode turns a stored value into a result, written into r: the caller's
+// result lives where the shared work keeps it, so decoding into it costs
+// no allocation of its own.
+func (c *Cache[T]) decode(key string, data []byte, r *result[T]) error {
+	*r = result[T]{}
 	if c.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
 		var b []byte
 		if codec.Plain(data) {
 			if len(data) > c.maxSize {
-				return r, keyErr("get", key, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), c.maxSize))
+				return keyErr("get", key, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), c.maxSize))
 			}
 			b = bytes.Clone(data)
 		} else {
 			var err error
 			if b, err = codec.DecodeValue(nil, data, c.maxSize); err != nil {
-				return r, keyErr("get", key, err)
+				return keyErr("get", key, err)
 			}
 			if b == nil {
 				b = []byte{}
@@ -438,16 +474,16 @@ func (c *Cache[T]) decode(key string, data []byte) (result[T], error) {
 		}
 		if c.perCaller {
 			r.data = b // each caller copies it in deliver
-			return r, nil
+			return nil
 		}
 		*(*[]byte)(unsafe.Pointer(&r.val)) = b
-		return r, nil
+		return nil
 	}
 	buf := getBuf()
 	defer putBuf(buf)
 	payload, err := codec.DecodeValue((*buf)[:0], data, c.maxSize)
 	if err != nil {
-		return r, keyErr("get", key, err)
+		return keyErr("get", key, err)
 	}
 	if !codec.Plain(data) && cap(payload) > cap(*buf) {
 		// Keep the grown buffer. (A plain payload is the Redis reply
@@ -459,12 +495,12 @@ func (c *Cache[T]) decode(key string, data []byte) (result[T], error) {
 		if r.data == nil {
 			r.data = []byte{}
 		}
-		return r, nil
+		return nil
 	}
 	if err := c.ser.Unmarshal(payload, &r.val); err != nil {
-		return r, keyErr("get", key, serializationErr(err))
+		return keyErr("get", key, serializationErr(err))
 	}
-	return r, nil
+	return nil
 }
 
 func (c *Cache[T]) unmarshal(data []byte, v *T) error {
@@ -695,7 +731,8 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string) (found map[string
 			p.stats.notFoundHits.Add(1)
 			continue
 		}
-		r, err := c.decode(k, data)
+		var r result[T]
+		err = c.decode(k, data, &r)
 		if err != nil {
 			p.stats.decodeErrors.Add(1)
 			errs = append(errs, err)

@@ -137,7 +137,11 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, calls map[strin
 			c.loads.finish(k, calls[k])
 		}
 	}()
-	protect(ctx, func(ctx context.Context) (map[string]T, error) { return fn(ctx, keys) }, &vals, &err)
+	protect(ctx, keys, func(ctx context.Context, keys []string, vals *map[string]T) error {
+		var err error
+		*vals, err = fn(ctx, keys)
+		return err
+	}, &vals, &err)
 	noStore := errors.Is(err, DoNotCache)
 	if err != nil && !noStore {
 		for _, k := range keys {
@@ -271,7 +275,8 @@ func (c *Cache[T]) loadLocked(ctx context.Context, key string, p *policy[T], ld 
 		if backoff *= 2; backoff > 100*time.Millisecond {
 			backoff = 100 * time.Millisecond
 		}
-		r, left, err := c.fetch(ctx, key, p)
+		var r result[T]
+		left, err := c.fetch(ctx, key, p, &r)
 		switch {
 		case err == nil && !(p.StaleFor > 0 && left >= 0 && left <= p.StaleFor):
 			return r, nil

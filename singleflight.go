@@ -23,7 +23,7 @@ var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 //     start: by a timeout of its own, for a load);
 //   - a result can stay shared for a while after the work ends (hold), so
 //     that a surge whose callers straggle in still costs one piece of work.
-type group[V any] struct {
+type group[V, A any] struct {
 	mu   sync.Mutex
 	m    map[string]*call[V]
 	held []heldCall[V] // results still shared, oldest first
@@ -34,12 +34,14 @@ type group[V any] struct {
 	hold func(v V, err error, took time.Duration) time.Duration
 }
 
-// A call is one unit of shared work. done is closed once val and err are
-// final.
+// A call is one unit of shared work. Its fields other than val and err
+// are guarded by the group's mutex; val and err are final once finished is
+// set (and done, if made, is closed).
 type call[V any] struct {
-	done    chan struct{}
-	val     V
-	err     error
+	done     chan struct{} // made by the first caller that must wait; nil until then
+	finished bool
+	val      V
+	err      error
 	started int64 // unix nanoseconds the work began
 	expires int64 // unix nanoseconds a held result stops being shared; 0 while running
 }
@@ -49,25 +51,32 @@ type heldCall[V any] struct {
 	c   *call[V]
 }
 
-// join returns the call under way for key, or registers c as that call.
-// g.mu must be held.
-func (g *group[V]) join(key string, now int64) (*call[V], bool) {
+// join returns the call under way (or held) for key, or registers a new
+// one. A caller that will wait for the call passes wait, so that it has a
+// channel to wait on; the one caller that does the work itself needs none,
+// which spares an allocation on the common, uncontended path. g.mu must be
+// held.
+func (g *group[V, A]) join(key string, now int64, wait bool) (*call[V], bool) {
 	g.expire(now)
 	if g.m == nil {
 		g.m = make(map[string]*call[V])
 	}
-	if c, ok := g.m[key]; ok && (c.expires == 0 || now < c.expires) {
-		return c, true
+	c, ok := g.m[key]
+	if !ok || (c.expires != 0 && now >= c.expires) {
+		c = &call[V]{started: now}
+		g.m[key] = c
+		ok = false
 	}
-	c := &call[V]{done: make(chan struct{}), started: now}
-	g.m[key] = c
-	return c, false
+	if wait && !c.finished && c.done == nil {
+		c.done = make(chan struct{})
+	}
+	return c, ok
 }
 
 // expire forgets held results whose time is over. Holds differ in length,
 // so this looks past the first that is still live, but only as far as the
 // longest hold allows: a handful of entries per call. g.mu must be held.
-func (g *group[V]) expire(now int64) {
+func (g *group[V, A]) expire(now int64) {
 	if len(g.held) == 0 || g.held[0].c.expires > now {
 		return
 	}
@@ -90,10 +99,15 @@ func (g *group[V]) expire(now int64) {
 // Redis calls are by the client's timeouts), so the first caller can leave
 // like any other without failing the rest. If it cannot end, fn runs on the
 // caller's goroutine, which costs nothing extra.
-func (g *group[V]) do(ctx context.Context, key string, fn func(context.Context) (V, error)) (v V, err error, shared bool) {
+//
+// fn gets a, and writes its result through its last argument: passing the
+// arguments rather than capturing them in a closure, and writing into the
+// call rather than returning a value whose address escapes, keeps the
+// uncontended path free of allocations of its own.
+func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.Context, A, *V) error) (v V, err error, shared bool) {
 	done := ctx.Done()
 	g.mu.Lock()
-	c, joined := g.join(key, time.Now().UnixNano())
+	c, joined := g.join(key, time.Now().UnixNano(), done != nil)
 	if !joined && done != nil {
 		g.wg.Add(1)
 	}
@@ -101,55 +115,55 @@ func (g *group[V]) do(ctx context.Context, key string, fn func(context.Context) 
 	switch {
 	case joined:
 	case done == nil:
-		g.lead(ctx, key, c, fn)
+		g.lead(ctx, key, c, a, fn)
 		return c.val, c.err, false
 	default:
 		go g.run(key, c, func() (context.Context, context.CancelFunc) {
 			return context.WithoutCancel(ctx), func() {}
-		}, fn)
+		}, a, fn)
 	}
 	v, err = wait(ctx, c)
 	return v, err, joined
 }
 
-func (g *group[V]) lead(ctx context.Context, key string, c *call[V], fn func(context.Context) (V, error)) {
+func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A, *V) error) {
 	// Deferred, so that waiters are released even if fn calls
 	// runtime.Goexit on this goroutine.
 	defer g.finish(key, c)
-	protect(ctx, fn, &c.val, &c.err)
+	protect(ctx, a, fn, &c.val, &c.err)
 }
 
 // start is do with fn run on a goroutine of its own under the context work
 // returns (detached from the caller's cancellation and bounded), so that
 // fn goes on for the others when the first caller leaves.
-func (g *group[V]) start(ctx context.Context, key string, work func() (context.Context, context.CancelFunc), fn func(context.Context) (V, error)) (v V, err error, shared bool) {
+func (g *group[V, A]) start(ctx context.Context, key string, work func() (context.Context, context.CancelFunc), a A, fn func(context.Context, A, *V) error) (v V, err error, shared bool) {
 	g.mu.Lock()
-	c, joined := g.join(key, time.Now().UnixNano())
+	c, joined := g.join(key, time.Now().UnixNano(), true)
 	if !joined {
 		g.wg.Add(1)
 	}
 	g.mu.Unlock()
 	if !joined {
-		go g.run(key, c, work, fn)
+		go g.run(key, c, work, a, fn)
 	}
 	v, err = wait(ctx, c)
 	return v, err, joined
 }
 
-func (g *group[V]) run(key string, c *call[V], work func() (context.Context, context.CancelFunc), fn func(context.Context) (V, error)) {
+func (g *group[V, A]) run(key string, c *call[V], work func() (context.Context, context.CancelFunc), a A, fn func(context.Context, A, *V) error) {
 	defer g.wg.Done()
 	// finish runs deferred so that waiters are released even when fn
 	// calls runtime.Goexit.
 	defer g.finish(key, c)
 	ctx, cancel := work()
 	defer cancel()
-	protect(ctx, fn, &c.val, &c.err)
+	protect(ctx, a, fn, &c.val, &c.err)
 }
 
 // claim registers calls for those keys not under way and returns them (to
 // be completed by the caller with finish) and the calls already under way
 // for the others (to be waited on).
-func (g *group[V]) claim(keys []string) (own, others map[string]*call[V]) {
+func (g *group[V, A]) claim(keys []string) (own, others map[string]*call[V]) {
 	own = make(map[string]*call[V], len(keys))
 	others = make(map[string]*call[V])
 	now := time.Now().UnixNano()
@@ -159,7 +173,7 @@ func (g *group[V]) claim(keys []string) (own, others map[string]*call[V]) {
 		if _, mine := own[k]; mine {
 			continue
 		}
-		if c, joined := g.join(k, now); joined {
+		if c, joined := g.join(k, now, true); joined {
 			others[k] = c
 		} else {
 			own[k] = c
@@ -170,7 +184,7 @@ func (g *group[V]) claim(keys []string) (own, others map[string]*call[V]) {
 
 // finish publishes c's result and lets later callers of key start anew,
 // at once or after the hold.
-func (g *group[V]) finish(key string, c *call[V]) {
+func (g *group[V, A]) finish(key string, c *call[V]) {
 	var hold time.Duration
 	now := time.Now().UnixNano()
 	if g.hold != nil {
@@ -185,24 +199,27 @@ func (g *group[V]) finish(key string, c *call[V]) {
 			delete(g.m, key)
 		}
 	}
+	c.finished = true
+	if c.done != nil {
+		close(c.done)
+	}
 	g.mu.Unlock()
-	close(c.done)
 }
 
 // forget makes later callers of key start new work rather than join work
 // under way or a held result, which may predate a write just made.
-func (g *group[V]) forget(key string) {
+func (g *group[V, A]) forget(key string) {
 	g.mu.Lock()
 	delete(g.m, key)
 	g.mu.Unlock()
 }
 
 // inFlight reports whether work for key is under way.
-func (g *group[V]) inFlight(key string) bool {
+func (g *group[V, A]) inFlight(key string) bool {
 	g.mu.Lock()
 	c, ok := g.m[key]
-	g.mu.Unlock()
-	return ok && c.expires == 0
+	defer g.mu.Unlock()
+	return ok && !c.finished
 }
 
 // protect calls fn, turning a panic into a *PanicError and runtime.Goexit
@@ -210,7 +227,7 @@ func (g *group[V]) inFlight(key string) bool {
 // crashing the process or leaving them waiting. It stores through pointers
 // because on runtime.Goexit only deferred code runs: a returned value would
 // never be assigned.
-func protect[V any](ctx context.Context, fn func(context.Context) (V, error), vp *V, errp *error) {
+func protect[V, A any](ctx context.Context, a A, fn func(context.Context, A, *V) error, vp *V, errp *error) {
 	normal := false
 	defer func() {
 		if normal {
@@ -222,11 +239,17 @@ func protect[V any](ctx context.Context, fn func(context.Context) (V, error), vp
 			*errp = errGoexit
 		}
 	}()
-	*vp, *errp = fn(ctx)
+	*errp = fn(ctx, a, vp)
 	normal = true
 }
 
+// wait returns c's result once it is final, or ctx's error if ctx ends
+// first. The caller joined c under the group's mutex, asking to wait: so
+// done is nil only if c had finished by then.
 func wait[V any](ctx context.Context, c *call[V]) (V, error) {
+	if c.done == nil {
+		return c.val, c.err
+	}
 	select {
 	case <-c.done:
 		return c.val, c.err

@@ -10,7 +10,21 @@ import (
 	"time"
 )
 
-func newGroup() *group[int] { return &group[int]{wg: new(sync.WaitGroup)} }
+type testGroup = group[int, func(context.Context) (int, error)]
+
+func newGroup() *testGroup { return &testGroup{wg: new(sync.WaitGroup)} }
+
+func callFn(ctx context.Context, fn func(context.Context) (int, error), v *int) error {
+	var err error
+	*v, err = fn(ctx)
+	return err
+}
+
+// do and start adapt the group's allocation-free calling convention to
+// closures, which are handier in tests.
+func do(g *testGroup, ctx context.Context, key string, fn func(context.Context) (int, error)) (int, error, bool) {
+	return g.do(ctx, key, fn, callFn)
+}
 
 func TestGroupFirstCallerLeaves(t *testing.T) {
 	g := newGroup()
@@ -23,7 +37,7 @@ func TestGroupFirstCallerLeaves(t *testing.T) {
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	leaderDone := make(chan error)
-	go func() { _, err, _ := g.do(lctx, "k", fn); leaderDone <- err }()
+	go func() { _, err, _ := do(g, lctx, "k", fn); leaderDone <- err }()
 	for !g.inFlight("k") {
 		runtime.Gosched()
 	}
@@ -33,7 +47,7 @@ func TestGroupFirstCallerLeaves(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if v, err, shared := g.do(context.Background(), "k", fn); err == nil && v == 42 && shared {
+			if v, err, shared := do(g, context.Background(), "k", fn); err == nil && v == 42 && shared {
 				got.Add(1)
 			}
 		}()
@@ -53,7 +67,7 @@ func TestGroupFirstCallerLeaves(t *testing.T) {
 
 func TestGroupPanicAndGoexit(t *testing.T) {
 	g := newGroup()
-	_, err, _ := g.do(context.Background(), "p", func(context.Context) (int, error) { panic("boom") })
+	_, err, _ := do(g, context.Background(), "p", func(context.Context) (int, error) { panic("boom") })
 	var pe *PanicError
 	if !errors.As(err, &pe) || pe.Value != "boom" || len(pe.Stack) == 0 {
 		t.Fatalf("panic: %v", err)
@@ -61,13 +75,13 @@ func TestGroupPanicAndGoexit(t *testing.T) {
 	_, err, _ = g.start(context.Background(), "x", detach(context.Background(), context.Background(), time.Second), func(context.Context) (int, error) {
 		runtime.Goexit()
 		return 0, nil
-	})
+	}, callFn)
 	if !errors.Is(err, errGoexit) {
 		t.Fatalf("Goexit: %v", err)
 	}
 	g.wg.Wait()
 	// Errors are not kept: the next call runs again.
-	v, err, _ := g.do(context.Background(), "p", func(context.Context) (int, error) { return 1, nil })
+	v, err, _ := do(g, context.Background(), "p", func(context.Context) (int, error) { return 1, nil })
 	if v != 1 || err != nil {
 		t.Fatalf("after panic: %v %v", v, err)
 	}
@@ -79,25 +93,25 @@ func TestGroupHold(t *testing.T) {
 	var calls atomic.Int64
 	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
 	ctx := context.Background()
-	g.do(ctx, "k", fn)
-	if v, _, shared := g.do(ctx, "k", fn); v != 1 || !shared {
+	do(g, ctx, "k", fn)
+	if v, _, shared := do(g, ctx, "k", fn); v != 1 || !shared {
 		t.Fatalf("within the hold: %v shared=%v", v, shared)
 	}
 	g.forget("k")
-	if v, _, _ := g.do(ctx, "k", fn); v != 2 {
+	if v, _, _ := do(g, ctx, "k", fn); v != 2 {
 		t.Fatalf("after forget: %v", v)
 	}
 	time.Sleep(40 * time.Millisecond)
-	if v, _, _ := g.do(ctx, "k", fn); v != 3 {
+	if v, _, _ := do(g, ctx, "k", fn); v != 3 {
 		t.Fatalf("after the hold: %v", v)
 	}
 	// Expired holds are dropped from the map, so keys never asked for
 	// again do not pile up.
 	for i := range 100 {
-		g.do(ctx, string(rune('a'+i)), fn)
+		do(g, ctx, string(rune('a'+i)), fn)
 	}
 	time.Sleep(40 * time.Millisecond)
-	g.do(ctx, "z2", fn)
+	do(g, ctx, "z2", fn)
 	g.mu.Lock()
 	n := len(g.m)
 	g.mu.Unlock()
