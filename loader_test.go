@@ -577,3 +577,42 @@ func TestDecodePerCaller(t *testing.T) {
 		}
 	}
 }
+
+// TestSurgeBackgroundContext: callers whose contexts cannot end take the
+// path where the first does the read on its own goroutine; all must still
+// get the value, warm and cold.
+func TestSurgeBackgroundContext(t *testing.T) {
+	_, rdb := single(t)
+	want := makeChannel(5, 64<<10)
+	var loads atomic.Int64
+	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		loads.Add(1)
+		time.Sleep(20 * time.Millisecond)
+		return want, nil
+	})))
+	plain := mustNew[Channel](t, rdb)
+	for _, round := range []string{"cold", "warm"} {
+		var wrong atomic.Int64
+		surge(2000, func(i int) {
+			var got Channel
+			var err error
+			if i%2 == 0 {
+				got, err = c.Get(context.Background(), "bg")
+			} else {
+				got, err = plain.Get(context.Background(), "bg")
+				if errors.Is(err, packcache.ErrMiss) && round == "cold" {
+					return
+				}
+			}
+			if err != nil || !reflect.DeepEqual(got, want) {
+				wrong.Add(1)
+			}
+		})
+		if wrong.Load() != 0 {
+			t.Fatalf("%s: %d of 2000 callers got a wrong value", round, wrong.Load())
+		}
+	}
+	if loads.Load() != 1 {
+		t.Fatalf("loader called %d times", loads.Load())
+	}
+}

@@ -42,8 +42,8 @@ type call[V any] struct {
 	finished bool
 	val      V
 	err      error
-	started int64 // unix nanoseconds the work began
-	expires int64 // unix nanoseconds a held result stops being shared; 0 while running
+	started  int64 // unix nanoseconds the work began
+	expires  int64 // unix nanoseconds a held result stops being shared; 0 while running
 }
 
 type heldCall[V any] struct {
@@ -52,11 +52,11 @@ type heldCall[V any] struct {
 }
 
 // join returns the call under way (or held) for key, or registers a new
-// one. A caller that will wait for the call passes wait, so that it has a
-// channel to wait on; the one caller that does the work itself needs none,
-// which spares an allocation on the common, uncontended path. g.mu must be
-// held.
-func (g *group[V, A]) join(key string, now int64, wait bool) (*call[V], bool) {
+// one. Every caller that joins will wait, so it gets a channel to wait on;
+// the caller that registers the call needs one only if it will wait too
+// (leaderWaits) rather than do the work itself, which spares an allocation
+// on the common, uncontended path. g.mu must be held.
+func (g *group[V, A]) join(key string, now int64, leaderWaits bool) (*call[V], bool) {
 	g.expire(now)
 	if g.m == nil {
 		g.m = make(map[string]*call[V])
@@ -67,7 +67,7 @@ func (g *group[V, A]) join(key string, now int64, wait bool) (*call[V], bool) {
 		g.m[key] = c
 		ok = false
 	}
-	if wait && !c.finished && c.done == nil {
+	if (ok || leaderWaits) && !c.finished && c.done == nil {
 		c.done = make(chan struct{})
 	}
 	return c, ok

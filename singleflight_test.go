@@ -119,3 +119,55 @@ func TestGroupHold(t *testing.T) {
 		t.Fatalf("%d entries left after their holds expired", n)
 	}
 }
+
+// TestGroupWaitersOfAnInlineLeader: when the first caller's context cannot
+// end, it does the work on its own goroutine; callers that join it, with
+// contexts of any kind, must still wait for its result.
+func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
+	g := newGroup()
+	var calls atomic.Int64
+	started := make(chan struct{})
+	release := make(chan struct{})
+	fn := func(context.Context) (int, error) {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-release
+		}
+		return 7, nil
+	}
+	leader := make(chan int)
+	go func() { v, _, _ := do(g, context.Background(), "k", fn); leader <- v }()
+	<-started
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			if i%2 == 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+			}
+			if v, err, shared := do(g, ctx, "k", fn); v != 7 || err != nil || !shared {
+				wrong.Add(1)
+			}
+		}()
+	}
+	for {
+		g.mu.Lock()
+		ready := g.m["k"].done != nil
+		g.mu.Unlock()
+		if ready {
+			break
+		}
+		runtime.Gosched()
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	if v := <-leader; v != 7 || wrong.Load() != 0 || calls.Load() != 1 {
+		t.Fatalf("leader %d, %d of 100 waiters wrong, fn ran %d times", v, wrong.Load(), calls.Load())
+	}
+}
