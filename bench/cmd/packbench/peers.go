@@ -177,50 +177,62 @@ func packcachePeer(e *env, name string, ch Channel, opts ...packcache.Option) (*
 	return p, nil
 }
 
-// seqSetGet measures sequential Sets then Gets of one key.
-func seqSetGet(ctx context.Context, p *peer, key string, v Channel, n, reps int) (peerRow, error) {
-	var row peerRow
+// seqAcc accumulates one peer's sequential Set/Get samples.
+type seqAcc struct {
+	set, get   []float64
+	setM, getM uint64
+	n, reps    int
+	warmedUp   bool
+}
+
+// seqRep runs one rep of n Sets then n Gets of key through p.
+func seqRep(ctx context.Context, p *peer, key string, v Channel, acc *seqAcc) error {
 	var ms runtime.MemStats
-	var setM, getM uint64
-	var set, get []float64
-	if err := p.set(ctx, key, v); err != nil {
-		return row, err
-	}
-	if _, err := p.get(ctx, key); err != nil {
-		return row, err
-	}
-	for range reps {
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		m0 := ms.Mallocs
-		t := time.Now()
-		for range n {
-			if err := p.set(ctx, key, v); err != nil {
-				return row, err
-			}
+	if !acc.warmedUp {
+		if err := p.set(ctx, key, v); err != nil {
+			return err
 		}
-		set = append(set, float64(time.Since(t).Nanoseconds())/float64(n))
-		runtime.ReadMemStats(&ms)
-		setM += ms.Mallocs - m0
-		m0 = ms.Mallocs
-		t = time.Now()
-		for range n {
-			got, err := p.get(ctx, key)
-			if err != nil {
-				return row, err
-			}
-			if len(got.Messages) != len(v.Messages) {
-				return row, fmt.Errorf("%s: wrong value", p.name)
-			}
+		if _, err := p.get(ctx, key); err != nil {
+			return err
 		}
-		get = append(get, float64(time.Since(t).Nanoseconds())/float64(n))
-		runtime.ReadMemStats(&ms)
-		getM += ms.Mallocs - m0
+		acc.warmedUp = true
 	}
-	row.set, row.get = spreadOf(set), spreadOf(get)
-	row.setAllocs = float64(setM) / float64(n*reps)
-	row.getAllocs = float64(getM) / float64(n*reps)
-	return row, nil
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	m0 := ms.Mallocs
+	t := time.Now()
+	for range acc.n {
+		if err := p.set(ctx, key, v); err != nil {
+			return err
+		}
+	}
+	acc.set = append(acc.set, float64(time.Since(t).Nanoseconds())/float64(acc.n))
+	runtime.ReadMemStats(&ms)
+	acc.setM += ms.Mallocs - m0
+	m0 = ms.Mallocs
+	t = time.Now()
+	for range acc.n {
+		got, err := p.get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if len(got.Messages) != len(v.Messages) {
+			return fmt.Errorf("%s: wrong value", p.name)
+		}
+	}
+	acc.get = append(acc.get, float64(time.Since(t).Nanoseconds())/float64(acc.n))
+	runtime.ReadMemStats(&ms)
+	acc.getM += ms.Mallocs - m0
+	acc.reps++
+	return nil
+}
+
+func (acc *seqAcc) row() peerRow {
+	var row peerRow
+	row.set, row.get = spreadOf(acc.set), spreadOf(acc.get)
+	row.setAllocs = float64(acc.setM) / float64(acc.n*acc.reps)
+	row.getAllocs = float64(acc.getM) / float64(acc.n*acc.reps)
+	return row
 }
 
 func (e *env) suitePeers(ctx context.Context) error {
@@ -252,17 +264,29 @@ func (e *env) suitePeers(ctx context.Context) error {
 	}()
 
 	res := peerResults{rows: map[string]peerRow{}, surge: map[string]surgeResult{}, size: len(raw)}
-	e.header("peers", fmt.Sprintf("One %d-byte chat channel (Channel struct). (a) uses encoding/json; (b) uses packcache.JSON, packcache's default serializer (goccy/go-json at the time of writing), so it differs from packcache only in the cache machinery. Sequential Set then Get of one key: ns/op median (min–max) of %d runs of %d ops; allocs/op from runtime.MemStats.Mallocs (whole process, so go-redis's allocations count). "+
+	e.header("peers", fmt.Sprintf("One %d-byte chat channel (Channel struct). (a) uses encoding/json; (b) uses packcache.JSON, packcache's default serializer (goccy/go-json at the time of writing), so it differs from packcache only in the cache machinery. Sequential Set then Get of one key: ns/op median (min–max) of %d runs of %d ops, the runs of all peers interleaved; allocs/op from runtime.MemStats.Mallocs (whole process, so go-redis's allocations count). "+
 		"packcache default keeps a finished read shared for 10 ms (WithShareWindow), so its sequential Gets of one key mostly skip Redis; the WithShareWindow(0) row reads Redis and decodes on every Get (the hit path). go-redis/cache + TinyLFU answers Gets from its local cache but still decodes each time. Get ratio = packcache default / peer; hit-path ratio = packcache WithShareWindow(0) / peer.",
 		len(raw), e.cfg.reps, n))
 	fmt.Fprintln(e.out, "| peer | Set µs | Set allocs/op | Get µs | Get allocs/op | Get ops/s | STRLEN | MEMORY USAGE | Get ratio | hit-path ratio | STRLEN ratio |")
 	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-	for _, p := range peers {
-		k := e.key("peers", p.name)
-		row, err := seqSetGet(ctx, p, k, ch, n, e.cfg.reps)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
+	// Reps are interleaved across peers (rep 1 of every peer, then rep 2,
+	// ...) so that a noisy moment of a shared machine falls on all of them
+	// alike rather than on whichever peer ran then.
+	accs := make([]*seqAcc, len(peers))
+	for i := range peers {
+		accs[i] = &seqAcc{n: n}
+	}
+	for range e.cfg.reps {
+		for i, p := range peers {
+			if err := seqRep(ctx, p, e.key("peers", p.name), ch, accs[i]); err != nil {
+				return fmt.Errorf("%s: %w", p.name, err)
+			}
 		}
+	}
+	for i, p := range peers {
+		k := e.key("peers", p.name)
+		row := accs[i].row()
+		var err error
 		if row.strlen, row.usage, err = e.stored(ctx, k); err != nil {
 			return err
 		}
