@@ -30,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -188,6 +189,7 @@ func main() {
 	flag.BoolVar(&cfg.net, "net", false, "run Redis in a network namespace of its own behind a veth pair shaped with tbf (Linux, root, iproute2)")
 	flag.StringVar(&cfg.netRate, "net-rate", "1gbit", "with -net: tbf rate in each direction (tc syntax: 1gbit, 100mbit, ...)")
 	flag.DurationVar(&cfg.netDelay, "net-delay", 0, "with -net: one-way delay added to each direction by an in-process proxy (RTT grows by twice this)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 
 	cfg.suites = map[string]bool{}
@@ -214,6 +216,21 @@ func main() {
 		cfg.bulkN = min(cfg.bulkN, 200)
 		cfg.backlogN = min(cfg.backlogN, 200)
 		cfg.surgeN = min(cfg.surgeN, 500)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "packbench:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "packbench:", err)
+			os.Exit(2)
+		}
+		code := run(cfg)
+		pprof.StopCPUProfile()
+		f.Close()
+		os.Exit(code)
 	}
 	os.Exit(run(cfg))
 }
