@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -226,7 +228,10 @@ func BenchmarkSetRaw(b *testing.B) {
 // sharing of the previous iteration's read, so every surge does its own
 // Redis read; gets/op reports how many GETs Redis saw per surge.
 func BenchmarkSurgeWarm(b *testing.B) {
-	const callers = 1000
+	callers := 1000
+	if n, err := strconv.Atoi(os.Getenv("PACKCACHE_SURGE_CALLERS")); err == nil {
+		callers = n
+	}
 	s := redistest.Start(b)
 	rdb := s.Universal(b)
 	ctx := context.Background()

@@ -59,6 +59,13 @@ type Cache[T any] struct {
 	reads      group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
 	loads      group[result[T], flight[T]] // loads, shared by reads and GetOrLoadMany
 	refreshing group[struct{}, flight[T]]
+
+	// The generic functions shared work runs, made into values once: a
+	// generic function named inside generic code is a closure over its
+	// type dictionary, allocated each time it is named.
+	lookupFn     func(context.Context, flight[T], *result[T]) error
+	loadFlightFn func(context.Context, flight[T], *result[T]) error
+	callLoaderFn func(context.Context, loaderCall[T], *T) error
 	wg         sync.WaitGroup
 	closed     context.Context
 	close      context.CancelFunc
@@ -126,6 +133,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		lockLease: cfg.lock,
 		breaker:   breaker{cfg: cfg.breaker},
 	}
+	c.lookupFn, c.loadFlightFn, c.callLoaderFn = lookup[T], loadFlight[T], callLoader[T]
 	c.lookups.wg, c.reads.wg, c.loads.wg, c.refreshing.wg = &c.wg, &c.wg, &c.wg, &c.wg
 	if w := cfg.shareWindow; w > 0 {
 		hold := func(r result[T], err error, took time.Duration) time.Duration {
@@ -239,7 +247,7 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 	if ld != nil {
 		g = &c.reads
 	}
-	r, err, shared := g.do(ctx, key, f, lookup[T])
+	r, err, shared := g.do(ctx, key, f, c.lookupFn)
 	if shared {
 		p.stats.coalescedWaits.Add(1)
 	}
@@ -327,7 +335,7 @@ func lookup[T any](ctx context.Context, f flight[T], r *result[T]) error {
 	// The load runs detached from this caller, who may leave, while the
 	// callers sharing this read, and later ones, wait for it.
 	var err error
-	*r, err, _ = c.loads.start(ctx, key, detach(ctx, c.closed, c.timeout), f, loadFlight[T])
+	*r, err, _ = c.loads.start(ctx, key, detach(ctx, c.closed, c.timeout), f, c.loadFlightFn)
 	return err
 }
 
@@ -347,7 +355,7 @@ func loadFlight[T any](ctx context.Context, f flight[T], r *result[T]) error {
 func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader[T], stale *result[T], store bool) (result[T], error) {
 	var v T
 	var err error
-	protect(ctx, loaderCall[T]{ld, key}, callLoader[T], &v, &err)
+	protect(ctx, loaderCall[T]{ld, key}, c.callLoaderFn, &v, &err)
 	switch {
 	case err == nil || errors.Is(err, DoNotCache):
 		p.stats.loads.Add(1)

@@ -24,7 +24,7 @@ var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 //   - a result can stay shared for a while after the work ends (hold), so
 //     that a surge whose callers straggle in still costs one piece of work.
 type group[V, A any] struct {
-	mu   sync.Mutex
+	mu   sync.RWMutex
 	m    map[string]*call[V]
 	held []heldCall[V] // results still shared, oldest first
 	wg   *sync.WaitGroup
@@ -105,6 +105,9 @@ func (g *group[V, A]) expire(now int64) {
 // call rather than returning a value whose address escapes, keeps the
 // uncontended path free of allocations of its own.
 func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.Context, A, *V) error) (v V, err error, shared bool) {
+	if v, err, ok := g.lookHeld(key); ok {
+		return v, err, true
+	}
 	done := ctx.Done()
 	g.mu.Lock()
 	c, joined := g.join(key, time.Now().UnixNano(), done != nil)
@@ -124,6 +127,22 @@ func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.C
 	}
 	v, err = wait(ctx, c)
 	return v, err, joined
+}
+
+// lookHeld returns the held result for key, if any, under the read lock
+// only: in a surge, almost every caller arrives after the work is done,
+// and tens of thousands of them taking the write lock in turn would cost
+// more than the work did.
+func (g *group[V, A]) lookHeld(key string) (v V, err error, ok bool) {
+	now := time.Now().UnixNano()
+	g.mu.RLock()
+	c, found := g.m[key]
+	ok = found && c.finished && now < c.expires
+	if ok {
+		v, err = c.val, c.err
+	}
+	g.mu.RUnlock()
+	return v, err, ok
 }
 
 func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A, *V) error) {
@@ -248,6 +267,12 @@ func protect[V, A any](ctx context.Context, a A, fn func(context.Context, A, *V)
 // done is nil only if c had finished by then.
 func wait[V any](ctx context.Context, c *call[V]) (V, error) {
 	if c.done == nil {
+		return c.val, c.err
+	}
+	if ctx.Done() == nil {
+		// A plain receive: cheaper than a select, which a surge of
+		// thousands of waiters pays for each.
+		<-c.done
 		return c.val, c.err
 	}
 	select {
