@@ -66,9 +66,9 @@ type Cache[T any] struct {
 	lookupFn     func(context.Context, flight[T], *result[T]) error
 	loadFlightFn func(context.Context, flight[T], *result[T]) error
 	callLoaderFn func(context.Context, loaderCall[T], *T) error
-	wg         sync.WaitGroup
-	closed     context.Context
-	close      context.CancelFunc
+	wg           sync.WaitGroup
+	closed       context.Context
+	close        context.CancelFunc
 }
 
 // policy is a Policy with every field resolved, plus its counters.
