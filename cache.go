@@ -146,6 +146,8 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 			return max(w, min(took, time.Second))
 		}
 		c.lookups.hold, c.reads.hold = hold, hold
+		c.lookups.slide, c.reads.slide = w, w
+		c.lookups.slideCap, c.reads.slideCap = 10*w, 10*w
 	}
 	c.closed, c.close = context.WithCancel(context.Background())
 	var err error

@@ -287,11 +287,14 @@ func WithCoalescing(on bool) Option {
 // all arrive within one Redis read: with a window, the whole surge costs
 // one read and one decode instead of one per read's length of arrivals. A
 // value that took longer than d to make (a load, typically) stays shared
-// for as long as it took, up to a second.
+// for as long as it took, up to a second. While callers keep coming within
+// d of one another, the window slides on, up to ten times d after the read
+// ended: a surge shares one read until it ebbs, while a lone caller that
+// comes later than d reads afresh.
 //
 // The price: a caller may get a value older than what Redis holds, by up to
-// the window (or the load's duration, at most a second), if another
-// process wrote the key meanwhile. A Set or Delete through this cache ends
+// ten times the window (or the load's duration, at most a second), if
+// another process wrote the key meanwhile. A Set or Delete through this cache ends
 // the window for its key at once. Zero turns the window off: then only
 // callers that overlap share.
 func WithShareWindow(d time.Duration) Option {

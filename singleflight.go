@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,12 @@ type group[V, A any] struct {
 	// hold says how long a finished call's result, which took the given
 	// time to make, stays shared (nil or a zero duration: not at all).
 	hold func(v V, err error, took time.Duration) time.Duration
+
+	// slide extends a held result's time by this much past each caller
+	// that takes it, up to slideCap after the work ended (or the hold, if
+	// longer): a surge whose callers keep coming shares one result until
+	// it ebbs, while a lone later caller still reads afresh.
+	slide, slideCap time.Duration
 }
 
 // A call is one unit of shared work. Its fields other than val and err
@@ -42,8 +49,9 @@ type call[V any] struct {
 	finished bool
 	val      V
 	err      error
-	started  int64 // unix nanoseconds the work began
-	expires  int64 // unix nanoseconds a held result stops being shared; 0 while running
+	started  int64        // unix nanoseconds the work began
+	expires  atomic.Int64 // unix nanoseconds a held result stops being shared; 0 while running
+	capAt    int64        // unix nanoseconds past which sliding cannot extend expires
 }
 
 type heldCall[V any] struct {
@@ -62,7 +70,10 @@ func (g *group[V, A]) join(key string, now int64, leaderWaits bool) (*call[V], b
 		g.m = make(map[string]*call[V])
 	}
 	c, ok := g.m[key]
-	if !ok || (c.expires != 0 && now >= c.expires) {
+	if ok && c.finished && !g.take(c, now) {
+		ok = false
+	}
+	if !ok {
 		c = &call[V]{started: now}
 		g.m[key] = c
 		ok = false
@@ -77,12 +88,12 @@ func (g *group[V, A]) join(key string, now int64, leaderWaits bool) (*call[V], b
 // so this looks past the first that is still live, but only as far as the
 // longest hold allows: a handful of entries per call. g.mu must be held.
 func (g *group[V, A]) expire(now int64) {
-	if len(g.held) == 0 || g.held[0].c.expires > now {
+	if len(g.held) == 0 || g.held[0].c.expires.Load() > now {
 		return
 	}
 	live := g.held[:0]
 	for _, h := range g.held {
-		if h.c.expires > now {
+		if h.c.expires.Load() > now {
 			live = append(live, h)
 		} else if g.m[h.key] == h.c {
 			delete(g.m, h.key)
@@ -137,12 +148,28 @@ func (g *group[V, A]) lookHeld(key string) (v V, err error, ok bool) {
 	now := time.Now().UnixNano()
 	g.mu.RLock()
 	c, found := g.m[key]
-	ok = found && c.finished && now < c.expires
+	ok = found && c.finished && g.take(c, now)
 	if ok {
 		v, err = c.val, c.err
 	}
 	g.mu.RUnlock()
 	return v, err, ok
+}
+
+// take reports whether the finished call c still shares its result at
+// now, and slides its expiry on. The caller holds g.mu, for reading at
+// least; expires is atomic because readers slide it concurrently.
+func (g *group[V, A]) take(c *call[V], now int64) bool {
+	e := c.expires.Load()
+	if now >= e {
+		return false
+	}
+	if g.slide > 0 {
+		if next := min(now+int64(g.slide), c.capAt); next > e {
+			c.expires.CompareAndSwap(e, next) // another caller may slide it first: either is fine
+		}
+	}
+	return true
 }
 
 func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A, *V) error) {
@@ -212,7 +239,8 @@ func (g *group[V, A]) finish(key string, c *call[V]) {
 	g.mu.Lock()
 	if g.m[key] == c {
 		if hold > 0 {
-			c.expires = now + int64(hold)
+			c.expires.Store(now + int64(hold))
+			c.capAt = now + int64(max(hold, g.slideCap))
 			g.held = append(g.held, heldCall[V]{key, c})
 		} else {
 			delete(g.m, key)

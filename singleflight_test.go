@@ -171,3 +171,31 @@ func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
 		t.Fatalf("leader %d, %d of 100 waiters wrong, fn ran %d times", v, wrong.Load(), calls.Load())
 	}
 }
+
+// TestGroupHoldSlides: callers that keep coming within the slide keep
+// sharing the held result, up to the cap; after a gap, or past the cap,
+// the work runs again.
+func TestGroupHoldSlides(t *testing.T) {
+	g := newGroup()
+	g.hold = func(int, error, time.Duration) time.Duration { return 40 * time.Millisecond }
+	g.slide, g.slideCap = 40*time.Millisecond, 150*time.Millisecond
+	var calls atomic.Int64
+	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
+	ctx := context.Background()
+	start := time.Now()
+	do(g, ctx, "k", fn)
+	for time.Since(start) < 120*time.Millisecond {
+		time.Sleep(10 * time.Millisecond)
+		if v, _, _ := do(g, ctx, "k", fn); v != 1 {
+			t.Fatalf("at %v, within the sliding window: fn ran again", time.Since(start))
+		}
+	}
+	time.Sleep(time.Until(start.Add(160 * time.Millisecond)))
+	if v, _, _ := do(g, ctx, "k", fn); v != 2 {
+		t.Fatalf("past the cap the result was still shared")
+	}
+	time.Sleep(50 * time.Millisecond) // a gap longer than the slide
+	if v, _, _ := do(g, ctx, "k", fn); v != 3 {
+		t.Fatalf("after a gap the result was still shared")
+	}
+}
