@@ -26,7 +26,7 @@ func (e *env) writeChart(path string) error {
 	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
 	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" text-anchor="middle">packcache: %s</text>`+"\n", w/2, esc(e.machine))
 	drawPanel(&sb, 0, 30, w/2, h-30, panel{
-		title:  "Stored size / plain JSON size (threshold + sizes suites)",
+		title:  "Stored / plain: chat messages to 2 KB, then documents (sizes)",
 		xlabel: "serialized size, bytes (log)", ylabel: "stored / plain",
 		series: e.sizeRatios, hline: 1,
 	})
