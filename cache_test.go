@@ -490,7 +490,7 @@ func TestSetDuringGetIsSeen(t *testing.T) {
 // value, which is what fills its memory: MEMORY USAGE, not STRLEN.
 func TestMemoryUsage(t *testing.T) {
 	s, rdb := single(t)
-	redistest.RequireReal(t, s, "MEMORY USAGE is not implemented by miniredis")
+	redistest.RequireReal(t, s, "MEMORY USAGE (miniredis does not implement it)")
 	ctx := ctxT(t)
 	doc := makeChannel(3, 128<<10)
 	plain := mustNew[Channel](t, rdb, packcache.WithCodec(codec.None))

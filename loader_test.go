@@ -130,7 +130,8 @@ func TestSurgeAcrossProcessesWithLock(t *testing.T) {
 }
 
 func TestLockHolderDies(t *testing.T) {
-	_, rdb := single(t)
+	srv, rdb := single(t)
+	redistest.RequireReal(t, srv, "a lock that expires in real time (miniredis keeps time still)")
 	ctx := ctxT(t)
 	// A dead process's lock: nobody will store the value or release it.
 	rdb.Set(ctx, "k:packcache-lock", "someone-else", 300*time.Millisecond)
@@ -229,6 +230,9 @@ func TestLoaderPanicThenSuccess(t *testing.T) {
 
 func TestNegativeCaching(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Server != nil {
+			redistest.RequireReal(t, tg.Server, "a tombstone that expires in real time (miniredis keeps time still)")
+		}
 		ctx := ctxT(t)
 		var calls atomic.Int64
 		c := mustNew[Channel](t, tg.Client, packcache.WithNegativeTTL(300*time.Millisecond), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
@@ -324,7 +328,8 @@ func TestEarlyRefreshOnce(t *testing.T) {
 }
 
 func TestStaleOnError(t *testing.T) {
-	_, rdb := single(t)
+	srv, rdb := single(t)
+	redistest.RequireReal(t, srv, "values that age in real time (miniredis keeps time still)")
 	ctx := ctxT(t)
 	var fail atomic.Bool
 	var handled atomic.Int64

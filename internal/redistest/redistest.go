@@ -112,9 +112,9 @@ func RequireReal(tb testing.TB, s *Server, why string) {
 		return
 	}
 	if requireReal() {
-		tb.Fatalf("redistest: %s needs a real redis-server, but this is the miniredis fallback and %s=1", why, RequireEnv)
+		tb.Fatalf("redistest: this test needs a real redis-server (%s), but this is the miniredis fallback and %s=1", why, RequireEnv)
 	}
-	tb.Skipf("redistest: skipping: %s needs a real redis-server (%s is not on PATH; this is the miniredis fallback)", why, serverBinary)
+	tb.Skipf("redistest: skipped: this test needs a real redis-server (%s); %s is not on PATH, so this is the miniredis fallback", why, serverBinary)
 }
 
 // Addr returns the server's "127.0.0.1:port" address. It does not change
