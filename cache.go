@@ -79,6 +79,12 @@ type policy[T any] struct {
 	stats  counters
 }
 
+// expired reports whether a value with left to live (-1: unknown) is past
+// its TTL and only kept for StaleFor.
+func (p *policy[T]) expired(left time.Duration) bool {
+	return p.StaleFor > 0 && left >= 0 && left <= p.StaleFor
+}
+
 // flight holds what one piece of shared work needs, passed by value so
 // that no closure is allocated for it.
 type flight[T any] struct {
@@ -210,12 +216,14 @@ func (c *Cache[T]) policy(key string) *policy[T] {
 // returns it; see Loader for what else read-through does.
 //
 // Concurrent Gets of one key in one process share one Redis read, one
-// decompression and one decode, and on a miss one loader call: the first
-// caller starts the work on a goroutine of the cache's, detached from its
-// context and bounded by WithLoadTimeout, and every caller, the first
-// included, waits for it or until its own context is done, when it returns
-// ctx.Err() and the work goes on for the others. The value is shared among
-// them (see Cache).
+// decompression and one decode, and on a miss one loader call. Every
+// caller, the first included, waits for the shared work or until its own
+// context is done, when it returns ctx.Err() and the work goes on for the
+// others: the read runs detached from the first caller's cancellation
+// (bounded by the Redis client's timeouts), the load likewise (bounded by
+// WithLoadTimeout and Close). A first caller whose context cannot end reads
+// on its own goroutine. The value is shared among them, and with callers
+// that come within the share window (see Cache and WithShareWindow).
 //
 // A stored value that cannot be decoded is an error naming the key and
 // matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
@@ -294,7 +302,7 @@ func lookup[T any](ctx context.Context, f flight[T], r *result[T]) error {
 		left, err := c.fetch(ctx, key, p, r)
 		switch {
 		case err == nil:
-			if p.StaleFor > 0 && left >= 0 && left <= p.StaleFor {
+			if p.expired(left) {
 				if ld == nil {
 					*r = result[T]{}
 					return ErrMiss
@@ -370,27 +378,22 @@ func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader
 				}
 				c.report(ctx, key, serr)
 			}
-			// A loader-less read begun before this store must not answer
-			// later callers with the miss it saw. (Reads that coalesce
-			// with this load get its value anyway.)
-			c.lookups.forget(key)
 			r.data = data
 		}
 		if c.perCaller && r.data == nil {
+			// Not stored, so not serialized yet. (For raw T this is v's
+			// own slice; each caller copies it in deliver.)
 			data, merr := c.marshal(nil, v)
 			if merr != nil {
 				return result[T]{}, keyErr("load", key, merr)
 			}
-			r.data = bytes.Clone(data)
+			r.data = data
 		}
 		return r, nil
 	case errors.Is(err, ErrNotFound):
 		p.stats.loads.Add(1)
-		if store && p.NegativeTTL > 0 {
-			if serr := c.setRaw(ctx, key, []byte{tombstone}, p.NegativeTTL); serr != nil {
-				c.report(ctx, key, serr)
-			}
-			c.lookups.forget(key)
+		if store {
+			c.rememberNotFound(ctx, key, p)
 		}
 		return result[T]{}, ErrNotFound
 	default:
@@ -403,6 +406,17 @@ func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader
 			return s, nil
 		}
 		return result[T]{}, keyErr("load", key, err)
+	}
+}
+
+// rememberNotFound stores key's tombstone for its policy's NegativeTTL,
+// if it has one.
+func (c *Cache[T]) rememberNotFound(ctx context.Context, key string, p *policy[T]) {
+	if p.NegativeTTL <= 0 {
+		return
+	}
+	if err := c.setRaw(ctx, key, []byte{tombstone}, p.NegativeTTL); err != nil {
+		c.report(ctx, key, err)
 	}
 }
 
@@ -435,16 +449,23 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], r *resul
 		return left, keyErr("get", key, redisErr(err))
 	}
 	c.breaker.success()
+	return left, c.view(key, p, s, r)
+}
+
+// view decodes a Redis reply into r: ErrNotFound for a tombstone, a
+// counted decode error for a value it cannot decode.
+func (c *Cache[T]) view(key string, p *policy[T], s string, r *result[T]) error {
 	// The string is ours alone and is only read: view it as bytes rather
 	// than copy a value that may be megabytes.
 	data := unsafe.Slice(unsafe.StringData(s), len(s))
 	if len(data) == 1 && data[0] == tombstone {
-		return left, ErrNotFound
+		return ErrNotFound
 	}
-	if err = c.decode(key, data, r); err != nil {
+	err := c.decode(key, data, r)
+	if err != nil {
 		p.stats.decodeErrors.Add(1)
 	}
-	return left, err
+	return err
 }
 
 // loaderCall is a loader and its key, for protect.
@@ -467,20 +488,14 @@ func (c *Cache[T]) decode(key string, data []byte, r *result[T]) error {
 	if c.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
-		var b []byte
+		b, err := codec.DecodeValue(nil, data, c.maxSize)
+		if err != nil {
+			return keyErr("get", key, err)
+		}
 		if codec.Plain(data) {
-			if len(data) > c.maxSize {
-				return keyErr("get", key, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), c.maxSize))
-			}
-			b = bytes.Clone(data)
-		} else {
-			var err error
-			if b, err = codec.DecodeValue(nil, data, c.maxSize); err != nil {
-				return keyErr("get", key, err)
-			}
-			if b == nil {
-				b = []byte{}
-			}
+			b = bytes.Clone(b) // b is the reply itself
+		} else if b == nil {
+			b = []byte{}
 		}
 		if c.perCaller {
 			r.data = b // each caller copies it in deliver
@@ -623,8 +638,7 @@ func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T, sb
 		p.stats.wrote(codec.HeaderNone, len(payload), len(payload))
 		return payload, payload, nil
 	}
-	out := append((*fbuf)[:0], codec.HeaderNone)
-	out = append(out, payload...)
+	out, _ := codec.AppendValue((*fbuf)[:0], codec.None, payload) // None cannot fail
 	*fbuf = out[:0]
 	p.stats.wrote(codec.HeaderNone, len(payload), len(out))
 	return out, payload, nil
@@ -644,16 +658,27 @@ func (c *Cache[T]) expiry(p *policy[T], ttl time.Duration) time.Duration {
 	return ttl + p.StaleFor
 }
 
+// setRaw writes value under key. Every write the cache makes goes through
+// setRaw or setMany, and both end the sharing of loader-less reads of the
+// key begun before the write: such a read may have seen a miss, which later
+// callers must not be given. (Reads with a loader need no such care: a
+// load's store happens inside the very read they share.)
 func (c *Cache[T]) setRaw(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	if ttl == NoExpiration {
-		ttl = 0 // go-redis: no expiry
-	}
-	if err := c.rdb.Set(ctx, key, value, ttl).Err(); err != nil {
+	if err := c.rdb.Set(ctx, key, value, redisTTL(ttl)).Err(); err != nil {
 		c.redisFailed(c.policy(key), err)
 		return keyErr("set", key, redisErr(err))
 	}
 	c.breaker.success()
+	c.lookups.forget(key)
 	return nil
+}
+
+// redisTTL is ttl as go-redis takes it, where 0 means no expiry.
+func redisTTL(ttl time.Duration) time.Duration {
+	if ttl == NoExpiration {
+		return 0
+	}
+	return ttl
 }
 
 // Delete removes keys. Keys that do not exist are not an error. On Redis
@@ -736,16 +761,13 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string) (found map[string
 			continue
 		}
 		c.breaker.success()
-		data := unsafe.Slice(unsafe.StringData(s), len(s))
-		if len(data) == 1 && data[0] == tombstone {
-			p.stats.notFoundHits.Add(1)
-			continue
-		}
 		var r result[T]
-		err = c.decode(k, data, &r)
-		if err != nil {
-			p.stats.decodeErrors.Add(1)
-			errs = append(errs, err)
+		if err := c.view(k, p, s, &r); err != nil {
+			if err == ErrNotFound {
+				p.stats.notFoundHits.Add(1)
+			} else {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		v := r.val
@@ -772,8 +794,8 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 	return err
 }
 
-// setMany is SetMany without ending the sharing of earlier reads; it
-// returns the keys it stored.
+// setMany is SetMany for the cache's own use: it ends the sharing of
+// loader-less reads only (see setRaw), and returns the keys it stored.
 func (c *Cache[T]) setMany(ctx context.Context, items map[string]T, opts ...SetOption) ([]string, error) {
 	if len(items) == 0 {
 		return nil, nil
@@ -810,12 +832,8 @@ func (c *Cache[T]) setMany(ctx context.Context, items map[string]T, opts ...SetO
 		if so.ttlSet {
 			ttl = so.ttl
 		}
-		ttl = c.expiry(p, ttl)
-		if ttl == NoExpiration {
-			ttl = 0
-		}
 		keys = append(keys, k)
-		cmds = append(cmds, pipe.Set(ctx, k, stored, ttl))
+		cmds = append(cmds, pipe.Set(ctx, k, stored, redisTTL(c.expiry(p, ttl))))
 	}
 	if len(cmds) > 0 {
 		pipe.Exec(ctx)
@@ -829,6 +847,7 @@ func (c *Cache[T]) setMany(ctx context.Context, items map[string]T, opts ...SetO
 			continue
 		}
 		p.stats.sets.Add(1)
+		c.lookups.forget(keys[i])
 		done = append(done, keys[i])
 	}
 	return done, errors.Join(errs...)

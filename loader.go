@@ -157,11 +157,8 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, calls map[strin
 		v, ok := vals[k]
 		if !ok {
 			calls[k].err = ErrNotFound
-			if store && !noStore && p.NegativeTTL > 0 {
-				if err := c.setRaw(ctx, k, []byte{tombstone}, p.NegativeTTL); err != nil {
-					c.report(ctx, k, err)
-				}
-				c.lookups.forget(k)
+			if store && !noStore {
+				c.rememberNotFound(ctx, k, p)
 			}
 			continue
 		}
@@ -178,12 +175,8 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, calls map[strin
 		items[k] = v
 	}
 	if store && !noStore && len(items) > 0 {
-		stored, err := c.setMany(ctx, items)
-		if err != nil {
+		if _, err := c.setMany(ctx, items); err != nil {
 			c.report(ctx, "", err)
-		}
-		for _, k := range stored {
-			c.lookups.forget(k)
 		}
 	}
 }
@@ -191,10 +184,10 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, calls map[strin
 // refresh reloads key in the background unless a refresh of it is under
 // way in this process (or, with WithLock, in another).
 func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], ld Loader[T]) {
-	if c.closed.Err() != nil || c.refreshing.inFlight(key) {
+	if c.closed.Err() != nil {
 		return
 	}
-	own, _ := c.refreshing.claim([]string{key})
+	own, _ := c.refreshing.claim([]string{key}) // nothing if one is under way
 	cl, ok := own[key]
 	if !ok {
 		return
@@ -278,7 +271,7 @@ func (c *Cache[T]) loadLocked(ctx context.Context, key string, p *policy[T], ld 
 		var r result[T]
 		left, err := c.fetch(ctx, key, p, &r)
 		switch {
-		case err == nil && !(p.StaleFor > 0 && left >= 0 && left <= p.StaleFor):
+		case err == nil && !p.expired(left):
 			return r, nil
 		case errors.Is(err, ErrNotFound):
 			return result[T]{}, ErrNotFound

@@ -19,15 +19,16 @@ var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 //
 //   - every caller, the first included, waits under its own context and
 //     can leave when it ends, while the work goes on for the others;
-//   - work runs on a goroutine of its own, detached from the first
-//     caller's cancellation (do: bounded by the Redis client's timeouts;
-//     start: by a timeout of its own, for a load);
+//   - work runs detached from the first caller's cancellation, on a
+//     goroutine of its own (do: bounded by the Redis client's timeouts,
+//     or on the first caller's goroutine when its context cannot end;
+//     start: bounded by a timeout of its own, for a load);
 //   - a result can stay shared for a while after the work ends (hold), so
 //     that a surge whose callers straggle in still costs one piece of work.
 type group[V, A any] struct {
 	mu   sync.RWMutex
 	m    map[string]*call[V]
-	held []heldCall[V] // results still shared, oldest first
+	held []heldCall[V] // results still shared, in the order they finished
 	wg   *sync.WaitGroup
 
 	// hold says how long a finished call's result, which took the given
@@ -84,9 +85,10 @@ func (g *group[V, A]) join(key string, now int64, leaderWaits bool) (*call[V], b
 	return c, ok
 }
 
-// expire forgets held results whose time is over. Holds differ in length,
-// so this looks past the first that is still live, but only as far as the
-// longest hold allows: a handful of entries per call. g.mu must be held.
+// expire forgets held results whose time is over. It sweeps the list only
+// once the oldest has expired: holds differ in length and slide, so a
+// later one may expire first and wait for the oldest, a delay bounded by
+// the longest hold and the slide cap. g.mu must be held.
 func (g *group[V, A]) expire(now int64) {
 	if len(g.held) == 0 || g.held[0].c.expires.Load() > now {
 		return
@@ -259,14 +261,6 @@ func (g *group[V, A]) forget(key string) {
 	g.mu.Lock()
 	delete(g.m, key)
 	g.mu.Unlock()
-}
-
-// inFlight reports whether work for key is under way.
-func (g *group[V, A]) inFlight(key string) bool {
-	g.mu.Lock()
-	c, ok := g.m[key]
-	defer g.mu.Unlock()
-	return ok && !c.finished
 }
 
 // protect calls fn, turning a panic into a *PanicError and runtime.Goexit

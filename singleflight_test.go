@@ -38,7 +38,13 @@ func TestGroupFirstCallerLeaves(t *testing.T) {
 	lctx, cancel := context.WithCancel(context.Background())
 	leaderDone := make(chan error)
 	go func() { _, err, _ := do(g, lctx, "k", fn); leaderDone <- err }()
-	for !g.inFlight("k") {
+	for {
+		g.mu.Lock()
+		_, started := g.m["k"]
+		g.mu.Unlock()
+		if started {
+			break
+		}
 		runtime.Gosched()
 	}
 	var wg sync.WaitGroup
