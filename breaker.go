@@ -1,8 +1,12 @@
 package packcache
 
 import (
+	"context"
+	"errors"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A breaker stops calls from waiting on a Redis that keeps failing: after
@@ -59,4 +63,22 @@ func (b *breaker) failure() {
 func (b *breaker) open() bool {
 	until := b.openUntil.Load()
 	return until != 0 && time.Now().UnixNano() < until
+}
+
+// redisFailed counts a failed Redis call and feeds the circuit breaker.
+func (c *Cache[T]) redisFailed(p *policy[T], err error) {
+	p.stats.redisErrors.Add(1)
+	var re redis.Error
+	if errors.As(err, &re) || errors.Is(err, context.Canceled) {
+		// An error reply (WRONGTYPE, say) or a caller giving up says
+		// nothing of Redis's health.
+		return
+	}
+	c.breaker.failure()
+}
+
+func (c *Cache[T]) report(ctx context.Context, key string, err error) {
+	if c.onError != nil {
+		c.onError(ctx, key, err)
+	}
 }
