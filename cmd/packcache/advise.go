@@ -1,0 +1,537 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/packcache/packcache/codec"
+)
+
+func newAdviseCmd(cf *connFlags) *cobra.Command {
+	var o adviseOptions
+	cmd := &cobra.Command{
+		Use:   "advise --prefix P [--sample N] [--chart FILE.svg]",
+		Short: "Measure every codec on a prefix's own values and recommend a policy",
+		Long: `advise samples up to --sample values under --prefix and, for every built-in codec and
+level (none; lz4 fast; lz4hc 3, 6, 9; snappy; zstd 1, 3, 7, 11: fastest, default, better,
+best), measures on this machine the stored/plain size ratio, encode and decode speed, the
+break-even size (the smallest sampled size from which compression saves bytes), the
+threshold to recommend, the projected Redis memory of the prefix (MEMORY USAGE of the
+sample, with each value's bytes replaced by what the codec would store, times the key
+count) and the CPU a Get and a Set would add at the median value size.
+
+The threshold of a codec is the largest of 0, 64, 128, ... bytes (up to 4 KiB, or the
+break-even size if larger) such that storing the sampled values at or below it plain
+gives up at most 1% of the bytes that compressing every value saves.
+
+The recommendation is the codec with the smallest projected memory among those adding at
+most --max-get-us to a Get and --max-set-us to a Set at the median value; among those
+within 1% of that memory, the one adding the least CPU. none adds nothing, so it is
+chosen when no codec fits the bounds or saves over 1%.
+
+It prints the recommendation as a packcache.Policy literal and as environment
+variables. It only reads.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.prefix == "" {
+				return usagef("--prefix must not be empty")
+			}
+			if o.sample <= 0 || o.count <= 0 {
+				return usagef("--sample and --count must be positive")
+			}
+			if o.maxGetUs < 0 || o.maxSetUs < 0 {
+				return usagef("--max-get-us and --max-set-us must not be negative")
+			}
+			c, err := cf.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			o.progress = showProgress(o.progressFlag, cmd.ErrOrStderr())
+			return advise(cmd.Context(), c, o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.prefix, "prefix", "", "key prefix to advise on (required)")
+	fs.IntVar(&o.sample, "sample", 200, "values to sample")
+	fs.StringVar(&o.chart, "chart", "", "write an SVG chart of ratio and speed against value size to this `file`")
+	fs.Float64Var(&o.maxGetUs, "max-get-us", 100, "most CPU, in µs, a codec may add to a Get of the median value")
+	fs.Float64Var(&o.maxSetUs, "max-set-us", 200, "most CPU, in µs, a codec may add to a Set of the median value")
+	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
+	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
+	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
+	cmd.MarkFlagRequired("prefix")
+	return cmd
+}
+
+type adviseOptions struct {
+	prefix       string
+	sample       int
+	chart        string
+	maxGetUs     float64
+	maxSetUs     float64
+	count        int64
+	asJSON       bool
+	progressFlag bool
+	progress     bool
+}
+
+// candidates are the codecs and levels advise measures.
+var candidates = []choice{
+	{name: "none", c: codec.None},
+	{name: "lz4", level: 0, c: codec.LZ4},
+	{name: "lz4", level: 3, c: codec.LZ4Level(3)},
+	{name: "lz4", level: 6, c: codec.LZ4Level(6)},
+	{name: "lz4", level: 9, c: codec.LZ4Level(9)},
+	{name: "snappy", c: codec.Snappy},
+	{name: "zstd", level: 1, c: codec.ZstdLevel(1)},
+	{name: "zstd", level: 3, c: codec.ZstdLevel(3)},
+	{name: "zstd", level: 7, c: codec.ZstdLevel(7)},
+	{name: "zstd", level: 11, c: codec.ZstdLevel(11)},
+}
+
+// Timing: each value is encoded and decoded repeatedly for at least
+// minOpTime, and the median value for at least minMedianTime.
+const (
+	minOpTime     = 200 * time.Microsecond
+	minMedianTime = 20 * time.Millisecond
+)
+
+// tieShare is how close in projected memory (and in saving, for the
+// threshold) two choices must be for the cheaper one to win.
+const tieShare = 0.01
+
+// one is a codec's result on one sampled value.
+type one struct {
+	size  int     // decoded bytes
+	plain int     // bytes stored plain: size, or size+1 when framed with 01
+	comp  int     // bytes stored compressed, header included
+	enc   float64 // ns per encode
+	dec   float64 // ns per decode
+}
+
+// saves reports whether the compressed form would be stored.
+func (v one) saves() bool { return v.comp+minSaving <= v.plain }
+
+// result is everything advise measured and worked out for one codec.
+type result struct {
+	choice     choice
+	vals       []one
+	Codec      string  `json:"codec"`
+	Policy     string  `json:"policy"`
+	Ratio      float64 `json:"ratio"` // compressed/plain over the sample, every value compressed
+	EncMBs     float64 `json:"encode_mb_s"`
+	DecMBs     float64 `json:"decode_mb_s"`
+	BreakEven  int     `json:"break_even_bytes"` // -1: never saves
+	EveryValue bool    `json:"every_sampled_value_saves"`
+	Above      int     `json:"threshold_bytes"` // -1: off
+	Stored     float64 `json:"projected_stored_bytes"`
+	Memory     float64 `json:"projected_memory_bytes"`
+	GetUs      float64 `json:"get_us_at_median"`
+	SetUs      float64 `json:"set_us_at_median"`
+	Eligible   bool    `json:"within_bounds"`
+}
+
+type adviceReport struct {
+	Prefix      string    `json:"prefix"`
+	Keys        int64     `json:"keys"`
+	Sampled     int       `json:"sampled"`
+	Measured    int       `json:"measured"`
+	MedianBytes int       `json:"median_bytes"`
+	StoredNow   int64     `json:"stored_bytes_now"`
+	MemoryNow   float64   `json:"memory_bytes_now_est"`
+	Results     []*result `json:"codecs"`
+	Recommended string    `json:"recommended"`
+	Rule        string    `json:"rule"`
+	Reason      string    `json:"reason"`
+	Policy      string    `json:"policy"`
+	Env         []string  `json:"env"`
+}
+
+func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Writer) error {
+	groups, err := collectStats(ctx, c, statsOptions{prefixes: []string{o.prefix}, sample: o.sample, count: o.count, progress: o.progress}, stderr)
+	if err != nil {
+		return err
+	}
+	g := groups[0]
+	if g.Keys == 0 {
+		return fmt.Errorf("no string keys under prefix %q (%d keys of other types)", o.prefix, g.NotStrings)
+	}
+	// Values that are not data (leases, tombstones) or that cannot be
+	// decoded stay as they are under any policy: they count in the
+	// memory projection at their current size but are not measured.
+	var values []sampled
+	var memOther float64
+	for _, v := range g.values {
+		if v.decoded == nil {
+			memOther += float64(v.mem)
+			continue
+		}
+		values = append(values, v)
+	}
+	if len(values) == 0 {
+		return fmt.Errorf("none of the %d sampled values under %q could be decoded", len(g.values), o.prefix)
+	}
+	sizes := make([]int64, len(values))
+	for i, v := range values {
+		sizes[i] = int64(len(v.decoded))
+	}
+	sorted := sortedCopy(sizes)
+	median := medianIndex(values)
+
+	bar := newProgress(o.progress, stderr, int64(len(candidates)), "measuring codecs", "codecs")
+	var results []*result
+	for _, ch := range candidates {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r, err := measure(ch, values, median, c.limit)
+		if err != nil {
+			return err
+		}
+		r.project(values, memOther, len(g.values), g.Keys)
+		r.Eligible = r.GetUs <= o.maxGetUs && r.SetUs <= o.maxSetUs
+		results = append(results, r)
+		bar.add(1)
+	}
+	bar.finish()
+
+	rep := &adviceReport{
+		Prefix: o.prefix, Keys: g.Keys, Sampled: len(g.values), Measured: len(values),
+		MedianBytes: len(values[median].decoded), StoredNow: g.Stored, MemoryNow: float64(g.MemoryEst),
+		Results: results,
+	}
+	best := recommend(results)
+	t := target{choice: best.choice, above: best.Above}
+	if best.Above < 0 {
+		t.above = never
+	}
+	rep.Recommended = best.Codec
+	rep.Rule = fmt.Sprintf("the smallest projected memory among codecs adding at most %g µs per Get and %g µs per Set at the median value; within %g%% of that memory, the least added CPU", o.maxGetUs, o.maxSetUs, 100*tieShare)
+	rep.Reason = reason(best, results, o)
+	rep.Policy = t.policyLiteral()
+	rep.Env = t.envVars(o.prefix)
+
+	if o.chart != "" {
+		if err := writeAdviceChart(o.chart, rep); err != nil {
+			return fmt.Errorf("--chart: %w", err)
+		}
+	}
+	if o.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printAdvice(stdout, rep, g, sorted)
+	return nil
+}
+
+// medianIndex returns the index of the value of median decoded size.
+func medianIndex(values []sampled) int {
+	idx := make([]int, len(values))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return len(values[a].decoded) - len(values[b].decoded) })
+	return idx[(len(idx)-1)/2]
+}
+
+// measure encodes and decodes every value with ch, timing both.
+func measure(ch choice, values []sampled, median, limit int) (*result, error) {
+	r := &result{choice: ch, Codec: ch.String(), vals: make([]one, len(values))}
+	var enc, dec []byte
+	var sumSize, sumComp, sumEnc, sumDec float64
+	for i, v := range values {
+		d := v.decoded
+		text := codec.Plain(v.stored) || json.Valid(d)
+		o := one{size: len(d), plain: len(d)}
+		if !(text && codec.Plain(d)) {
+			o.plain++
+		}
+		if ch.c.ID() == codec.HeaderNone {
+			o.comp = o.plain
+			r.vals[i] = o
+			sumSize += float64(o.size)
+			sumComp += float64(o.comp)
+			continue
+		}
+		var err error
+		if enc, err = codec.AppendValue(enc[:0], ch.c, d); err != nil {
+			return nil, fmt.Errorf("%s: encoding %s: %w", ch, v.key, err)
+		}
+		o.comp = len(enc)
+		o.enc = timeOp(minOpTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) })
+		if dec, err = codec.DecodeValue(dec[:0], enc, limit); err != nil || len(dec) != len(d) {
+			return nil, fmt.Errorf("%s: decoding what it encoded from %s: %v", ch, v.key, err)
+		}
+		o.dec = timeOp(minOpTime, func() { dec, _ = codec.DecodeValue(dec[:0], enc, limit) })
+		r.vals[i] = o
+		sumSize += float64(o.size)
+		sumComp += float64(o.comp)
+		sumEnc += o.enc
+		sumDec += o.dec
+	}
+	r.Ratio = sumComp / sumSize
+	if sumEnc > 0 {
+		r.EncMBs = sumSize / sumEnc * 1e3 // bytes per ns is GB/s
+		r.DecMBs = sumSize / sumDec * 1e3
+	}
+	r.breakEven()
+	r.threshold()
+	// The median value, timed longer: the added CPU per Get and Set.
+	m := r.vals[median]
+	if ch.c.ID() != codec.HeaderNone && m.size > r.Above && r.Above >= 0 {
+		d := values[median].decoded
+		enc, _ = codec.AppendValue(enc[:0], ch.c, d)
+		r.SetUs = timeOp(minMedianTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) }) / 1e3
+		if m.saves() {
+			r.GetUs = timeOp(minMedianTime, func() { dec, _ = codec.DecodeValue(dec[:0], enc, limit) }) / 1e3
+		}
+	}
+	return r, nil
+}
+
+// timeOp runs f repeatedly for at least min and returns ns per call.
+func timeOp(min time.Duration, f func()) float64 {
+	n := 1
+	for {
+		start := time.Now()
+		for range n {
+			f()
+		}
+		el := time.Since(start)
+		if el >= min {
+			return float64(el.Nanoseconds()) / float64(n)
+		}
+		if el <= 0 {
+			n *= 10
+			continue
+		}
+		n = int(float64(n)*1.2*float64(min)/float64(el)) + 1
+	}
+}
+
+// bucket is a value's size class: values from 2^b to 2^(b+1)-1 bytes.
+func bucket(size int) int { return bits.Len(uint(size)) }
+
+// breakEven finds the smallest sampled size from which compression saves
+// bytes: the smallest value of the smallest size class (powers of two)
+// from which every class saves in total.
+func (r *result) breakEven() {
+	type sums struct{ comp, plain, smallest int }
+	byBucket := map[int]*sums{}
+	for _, v := range r.vals {
+		b := bucket(v.size)
+		s := byBucket[b]
+		if s == nil {
+			s = &sums{smallest: v.size}
+			byBucket[b] = s
+		}
+		s.comp += v.comp
+		s.plain += v.plain
+		s.smallest = min(s.smallest, v.size)
+	}
+	var keys []int
+	for b := range byBucket {
+		keys = append(keys, b)
+	}
+	slices.Sort(keys)
+	r.BreakEven = -1
+	for i := len(keys) - 1; i >= 0; i-- {
+		s := byBucket[keys[i]]
+		if s.comp+minSaving > s.plain {
+			break
+		}
+		r.BreakEven = s.smallest
+		r.EveryValue = i == 0
+	}
+	if r.choice.c.ID() == codec.HeaderNone {
+		r.BreakEven, r.EveryValue = -1, false
+	}
+}
+
+// storedAt is the bytes the sampled values take with threshold above
+// (never when negative).
+func (r *result) storedAt(above int) float64 {
+	var n float64
+	for _, v := range r.vals {
+		if above >= 0 && v.size > above && v.saves() {
+			n += float64(v.comp)
+		} else {
+			n += float64(v.plain)
+		}
+	}
+	return n
+}
+
+// threshold picks the largest size (0, 64, 128, ... up to 4 KiB or the
+// break-even size) at or below which values can be stored plain while
+// keeping all but tieShare of what compressing everything saves. A codec
+// that saves nothing gets -1: off.
+func (r *result) threshold() {
+	plain := r.storedAt(-1)
+	full := plain - r.storedAt(0)
+	if full <= 0 || r.choice.c.ID() == codec.HeaderNone {
+		r.Above = -1
+		return
+	}
+	top := max(4096, r.BreakEven)
+	r.Above = 0
+	for t := 64; t <= top; t *= 2 {
+		if plain-r.storedAt(t) >= (1-tieShare)*full {
+			r.Above = t
+		}
+	}
+}
+
+// project works out the stored bytes of the sample and the projected
+// memory of the prefix: each measured value's MEMORY USAGE with its bytes
+// replaced by what the codec stores, the unmeasured ones as they are,
+// averaged and times the key count.
+func (r *result) project(values []sampled, memOther float64, sampled int, keys int64) {
+	r.Stored = r.storedAt(r.Above)
+	mem := memOther
+	for i, v := range values {
+		o := r.vals[i]
+		n := o.plain
+		if r.Above >= 0 && o.size > r.Above && o.saves() {
+			n = o.comp
+		}
+		mem += float64(v.mem - int64(len(v.stored)) + int64(n))
+	}
+	r.Memory = mem / float64(sampled) * float64(keys)
+	t := target{choice: r.choice, above: r.Above}
+	if r.Above < 0 {
+		t.above = never
+	}
+	r.Policy = t.policyLiteral()
+}
+
+// recommend applies the rule stated in advise's help.
+func recommend(results []*result) *result {
+	minMem := math.Inf(1)
+	for _, r := range results {
+		if r.Eligible {
+			minMem = min(minMem, r.Memory)
+		}
+	}
+	var best *result
+	for _, r := range results {
+		if !r.Eligible || r.Memory > minMem*(1+tieShare) {
+			continue
+		}
+		if best == nil || r.GetUs+r.SetUs < best.GetUs+best.SetUs {
+			best = r
+		}
+	}
+	return best
+}
+
+func reason(best *result, results []*result, o adviseOptions) string {
+	var smallest *result
+	for _, r := range results {
+		if smallest == nil || r.Memory < smallest.Memory {
+			smallest = r
+		}
+	}
+	var s strings.Builder
+	fmt.Fprintf(&s, "%s projects %s of Redis memory", best.Codec, bytesIEC(best.Memory))
+	if best.choice.c.ID() != codec.HeaderNone {
+		fmt.Fprintf(&s, " and adds %.1f µs per Get and %.1f µs per Set at the median value", best.GetUs, best.SetUs)
+	}
+	if smallest != best {
+		switch {
+		case !smallest.Eligible:
+			fmt.Fprintf(&s, "; %s would project %s but adds %.1f µs per Get and %.1f µs per Set, over the bounds (--max-get-us %g, --max-set-us %g)",
+				smallest.Codec, bytesIEC(smallest.Memory), smallest.GetUs, smallest.SetUs, o.maxGetUs, o.maxSetUs)
+		default:
+			fmt.Fprintf(&s, "; %s projects %s, within %g%%, for more CPU", smallest.Codec, bytesIEC(smallest.Memory), 100*tieShare)
+		}
+	}
+	return s.String()
+}
+
+func aboveCell(r *result) string {
+	switch {
+	case r.choice.c.ID() == codec.HeaderNone:
+		return "-"
+	case r.Above < 0:
+		return "off"
+	case r.Above == 0:
+		return "0 (all)"
+	}
+	return bytesIEC(float64(r.Above))
+}
+
+func breakEvenCell(r *result) string {
+	switch {
+	case r.choice.c.ID() == codec.HeaderNone:
+		return "-"
+	case r.BreakEven < 0:
+		return "never"
+	case r.EveryValue:
+		return "< " + bytesIEC(float64(r.BreakEven))
+	}
+	return bytesIEC(float64(r.BreakEven))
+}
+
+func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
+	fmt.Fprintf(w, "advise %s  %s keys, %d values sampled, %d measured\n", rep.Prefix, count(rep.Keys), rep.Sampled, rep.Measured)
+	fmt.Fprintf(w, "  value sizes (decoded): min %s  p10 %s  median %s  p90 %s  max %s\n",
+		bytesIEC(float64(sizes[0])), bytesIEC(float64(percentile(sizes, 10))), bytesIEC(float64(rep.MedianBytes)),
+		bytesIEC(float64(percentile(sizes, 90))), bytesIEC(float64(sizes[len(sizes)-1])))
+	var mix []string
+	for _, m := range g.Mix {
+		mix = append(mix, fmt.Sprintf("%s %s", m.Codec, share(float64(m.Keys), float64(g.Keys))))
+	}
+	fmt.Fprintf(w, "  now: stored %s (%s), memory (est.) %s\n", bytesIEC(float64(rep.StoredNow)), strings.Join(mix, ", "), bytesIEC(rep.MemoryNow))
+	if skipped := rep.Sampled - rep.Measured; skipped > 0 {
+		fmt.Fprintf(w, "  %d sampled values not measured (leases, tombstones or undecodable); kept at their size in the projection\n", skipped)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tcodec\tratio\tencode MB/s\tdecode MB/s\tbreak-even\tthreshold\tmemory (est.)\tGet µs\tSet µs\t")
+	for _, r := range rep.Results {
+		mark := ""
+		if r.Codec == rep.Recommended {
+			mark = "*"
+		}
+		speed := func(v float64) string {
+			if v == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f", v)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t\n", mark, r.Codec, r.Ratio, speed(r.EncMBs), speed(r.DecMBs),
+			breakEvenCell(r), aboveCell(r), bytesIEC(r.Memory), r.GetUs, r.SetUs)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\n  ratio: stored/plain bytes of the sample with every value compressed; MB/s: decoded bytes (10^6) per second;\n")
+	fmt.Fprintf(w, "  break-even: smallest sampled size from which compressing saves bytes (< X: every sampled value saves);\n")
+	fmt.Fprintf(w, "  memory: MEMORY USAGE of the sample with each value's bytes replaced, x %s keys, at the threshold shown;\n", count(rep.Keys))
+	fmt.Fprintf(w, "  Get/Set µs: CPU the codec adds at the median value (%s), 0 where the threshold stores it plain.\n", bytesIEC(float64(rep.MedianBytes)))
+	fmt.Fprintf(w, "\nrecommended: %s\n", rep.Recommended)
+	fmt.Fprintf(w, "  rule:   %s\n", rep.Rule)
+	fmt.Fprintf(w, "  reason: %s\n\n", rep.Reason)
+	fmt.Fprintf(w, "  %s\n\n", rep.Policy)
+	for _, e := range rep.Env {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
+	if t := g.TTL; t.WithExpiry > 0 || t.WithoutExpiry > 0 {
+		spread := fmt.Sprintf("min %s, p50 %s, max %s", ttlString(t.MinMillis), ttlString(t.P50Millis), ttlString(t.MaxMillis))
+		if t.WithExpiry == 0 {
+			spread = "none expire"
+		}
+		fmt.Fprintf(w, "  # TTL is not part of this advice (remaining TTLs now: %s; %s keys without expiry);\n  # PACKCACHE_PREFIX_%s_TTL sets it.\n", spread, count(t.WithoutExpiry), envName(rep.Prefix))
+	}
+}

@@ -1,0 +1,128 @@
+// Command packcache looks at and maintains the values packcache stores in
+// Redis: it inspects single keys, reports what a key prefix holds, advises
+// a codec, level and compression threshold from measurements of the
+// prefix's own values, and rewrites a prefix's values under a new policy.
+//
+// Usage:
+//
+//	packcache [connection flags] inspect KEY...
+//	packcache [connection flags] stats [--prefix P]... [--sample N]
+//	packcache [connection flags] advise --prefix P [--sample N] [--chart FILE.svg]
+//	packcache [connection flags] recompress --prefix P --codec NAME [--level L] [--compress-above N]
+//	                                     [--dry-run] [--rate N/s] [--cursor C]
+//
+// inspect, stats and advise only read. recompress writes, and only with a
+// compare-and-set that leaves alone any value that changed after it was
+// read. docs/packcache.md at the root of the repository has examples with
+// real output.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailure     = 1   // a runtime failure: Redis, a missing key, a prefix with no keys
+	exitUsage       = 2   // bad flags or arguments; nothing was attempted
+	exitInterrupted = 130 // stopped by a signal (or a cancelled context); see the printed cursor
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is bad input the user can fix by changing the command line.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// errInterrupted ends a command that stopped because its context ended;
+// the command has already said where to resume.
+var errInterrupted = errors.New("interrupted")
+
+// run is the whole command: it parses args, runs the subcommand, prints
+// errors to stderr and returns the exit code. It keeps no state between
+// calls, so tests call it in-process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var ranCommand bool
+	root := newRootCmd(stdout, stderr, &ranCommand)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	cmd, _, _ := root.Find(args)
+	if cmd == nil {
+		cmd = root
+	}
+	var ue usageError
+	switch {
+	case errors.Is(err, errInterrupted):
+		fmt.Fprintln(stderr, "packcache: interrupted")
+		return exitInterrupted
+	case !ranCommand || errors.As(err, &ue):
+		// Errors before a subcommand ran come from parsing: an unknown
+		// command or flag, a missing argument.
+		fmt.Fprintf(stderr, "packcache: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "packcache: %v\n", err)
+		return exitFailure
+	}
+}
+
+func newRootCmd(stdout, stderr io.Writer, ranCommand *bool) *cobra.Command {
+	var cf connFlags
+	root := &cobra.Command{
+		Use:   "packcache",
+		Short: "Inspect, measure and rewrite the values packcache stores in Redis",
+		Long: `packcache inspects single keys, reports what a key prefix holds, advises a codec,
+level and compression threshold from measurements of a prefix's own values, and
+rewrites a prefix's values under a new policy.
+
+Connection flags go before the subcommand:
+
+  packcache --addr 127.0.0.1:6379 stats
+  packcache --cluster --addr 10.0.0.1:7000 --addr 10.0.0.2:7000 stats --prefix channel:
+  packcache --sentinel-master mymaster --addr 10.0.0.1:26379 inspect channel:42
+  packcache --url rediss://user@redis.example:6380/0 --cacert ca.pem advise --prefix report:
+
+inspect, stats and advise only read (SCAN, GET, GETRANGE, STRLEN, PTTL, TYPE,
+MEMORY USAGE). recompress writes through a compare-and-set script.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		// Every subcommand runs only after its flags parsed: what fails
+		// from here on is not a usage error unless it says so.
+		PersistentPreRun: func(*cobra.Command, []string) { *ranCommand = true },
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cf.register(root)
+	root.AddCommand(
+		newInspectCmd(&cf),
+		newStatsCmd(&cf),
+		newAdviseCmd(&cf),
+		newRecompressCmd(&cf),
+	)
+	root.CompletionOptions.DisableDefaultCmd = true
+	return root
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/packcache/packcache/codec"
+)
+
+// headerLease is the first byte of a lease: while a read-through load is in
+// progress, packcache stores 0C followed by an opaque token (16 random
+// bytes). It is "a load is in progress", never data and never an error.
+// FORMAT.md section 2 still lists 0C as reserved; codec.DecodeValue reports
+// it as an unknown header.
+const headerLease byte = 0x0c
+
+// kind is what a stored value is, judged from its first bytes and length
+// alone (FORMAT.md section 1).
+type kind int
+
+const (
+	kindEmpty     kind = iota // the empty value: decodes to itself
+	kindPlain                 // not framed: JSON stored verbatim
+	kindFramed                // a built-in codec: 01 none, 02 lz4, 03 snappy, 04 zstd
+	kindGzip                  // 1F 8B: a gzip stream, read only
+	kindTombstone             // the one-byte value 0E: "not found", remembered
+	kindLease                 // 0C and a token: a load is in progress
+	kindUser                  // 10-1E: a user codec, which this command does not have
+	kindUnknown               // a reserved or unassigned header byte
+)
+
+// classify judges a value from its first two bytes (head, or fewer if the
+// value is shorter) and its length n. It is the one place the command
+// decides what a stored value means: inspect, stats, advise and recompress
+// all call it.
+func classify(head []byte, n int) kind {
+	if n == 0 || len(head) == 0 {
+		return kindEmpty
+	}
+	b := head[0]
+	switch {
+	case !codec.IsHeader(b):
+		return kindPlain
+	case b == codec.HeaderTombstone && n == 1:
+		return kindTombstone
+	case b == headerLease:
+		return kindLease
+	case b == codec.HeaderGzip && len(head) > 1 && head[1] == 0x8b:
+		return kindGzip
+	case b >= codec.FirstUserHeader && b <= codec.LastUserHeader:
+		if _, ok := codec.Lookup(b); ok {
+			return kindFramed
+		}
+		return kindUser
+	}
+	if _, ok := codec.Lookup(b); ok {
+		return kindFramed
+	}
+	return kindUnknown
+}
+
+// compressed reports whether values of kind k with first byte b are stored
+// compressed (as opposed to plain, 01 none, or not values at all).
+func compressed(k kind, b byte) bool {
+	return k == kindGzip || k == kindUser || k == kindFramed && b != codec.HeaderNone
+}
+
+// mixLabel names a value's storage in a codec mix: plain, none, lz4,
+// snappy, zstd, gzip, tombstone, lease, user 0x12, unknown 0x05, empty.
+func mixLabel(k kind, b byte) string {
+	switch k {
+	case kindEmpty:
+		return "empty"
+	case kindPlain:
+		return "plain"
+	case kindGzip:
+		return "gzip"
+	case kindTombstone:
+		return "tombstone"
+	case kindLease:
+		return "lease"
+	case kindUser:
+		return fmt.Sprintf("user 0x%02x", b)
+	case kindUnknown:
+		return fmt.Sprintf("unknown 0x%02x", b)
+	}
+	c, _ := codec.Lookup(b)
+	return c.Name()
+}
+
+// meaning says in words what a value of kind k with first byte b is.
+func meaning(k kind, b byte) string {
+	switch k {
+	case kindEmpty:
+		return "empty value (decodes to itself)"
+	case kindPlain:
+		return "plain: JSON stored verbatim, no header (FORMAT.md section 1, rule 2)"
+	case kindTombstone:
+		return "tombstone: the source of truth has no value for this key (FORMAT.md section 2.1)"
+	case kindLease:
+		return "lease: a load is in progress"
+	case kindGzip:
+		return "gzip stream, read only (FORMAT.md section 3.5)"
+	case kindUser:
+		return fmt.Sprintf("user codec 0x%02x (FORMAT.md section 6), not registered in this command", b)
+	case kindUnknown:
+		return fmt.Sprintf("unknown header byte 0x%02x", b)
+	}
+	switch b {
+	case codec.HeaderNone:
+		return "none: payload stored uncompressed (FORMAT.md section 3.1)"
+	case codec.HeaderLZ4:
+		return "lz4: size-prepended LZ4 block (FORMAT.md section 3.2)"
+	case codec.HeaderSnappy:
+		return "snappy: one Snappy block (FORMAT.md section 3.3)"
+	case codec.HeaderZstd:
+		return "zstd: one Zstandard frame recording its content size (FORMAT.md section 3.4)"
+	}
+	c, _ := codec.Lookup(b)
+	return fmt.Sprintf("codec %s (0x%02x)", c.Name(), b)
+}
+
+// unknownRule is FORMAT.md section 1 on every header nobody here can read.
+const unknownRule = `FORMAT.md section 1: "A reader meeting an unknown header must not treat the value as plain and must not delete or overwrite it on that account: it was written by a newer or differently configured writer, and other readers may understand it."`
+
+// headerNote quotes what FORMAT.md says about a header byte this command
+// cannot decode, for a value of n bytes.
+func headerNote(b byte, n int) string {
+	var s string
+	switch {
+	case b == 0x00:
+		s = `FORMAT.md section 2: 00 is "Reserved, never assigned: NUL usually means zeroed or corrupt memory."`
+	case b >= 0x05 && b <= 0x08:
+		s = `FORMAT.md section 7: 05-08 are reserved for "future built-in codecs"; a newer writer may use them.`
+	case b == 0x0b:
+		s = `FORMAT.md section 7: 0B is reserved for the extended header. "Today readers treat 0B as an unknown header, so writers must not write it until every reader understands it."`
+	case b == codec.HeaderTombstone && n > 1:
+		s = `FORMAT.md section 2.1: "A value longer than one byte that begins with 0E is an unknown header."`
+	case b == 0x0f:
+		s = `FORMAT.md section 7: "0C, 0F: unassigned."`
+	case b >= codec.FirstUserHeader && b <= codec.LastUserHeader:
+		s = `FORMAT.md section 6: 10-1E are user codecs. "A reader without the codec reports an unknown header." The writer's program registers it; this command cannot decode it.`
+	case b == codec.HeaderGzip:
+		s = `FORMAT.md section 1, rule 6: "1F not followed by 8B, including a 1-byte value 1F" is an unknown header.`
+	case b == 0x7f:
+		s = `FORMAT.md section 7: 7F is the "version escape, for a future incompatible revision of this format."`
+	default:
+		s = fmt.Sprintf("FORMAT.md section 2 lists 0x%02x as a header byte that names no codec.", b)
+	}
+	return s + " " + unknownRule
+}
+
+// decodeNote explains a decode error of a value whose first byte is b, with
+// what FORMAT.md says about it.
+func decodeNote(err error, b byte, n, limit int) string {
+	var he *codec.HeaderError
+	switch {
+	case errors.As(err, &he):
+		return headerNote(he.Byte, n)
+	case errors.Is(err, codec.ErrTooLarge):
+		return fmt.Sprintf(`FORMAT.md section 4: "A reader has a limit L on the decoded size and never allocates much more than L whatever a value claims." Here L is --max-value-size, %d bytes; raise it to decode this value.`, limit)
+	case errors.Is(err, codec.ErrCorrupt):
+		var s string
+		switch b {
+		case codec.HeaderLZ4:
+			s = `FORMAT.md section 3.2: the payload is N, 4 bytes little-endian, then one LZ4 block that "must decode to exactly N bytes"; it is not the LZ4 frame format (magic 04 22 4D 18).`
+		case codec.HeaderSnappy:
+			s = `FORMAT.md section 3.3: the payload is one Snappy block (a varint length, then elements); it is "not the framing format".`
+		case codec.HeaderZstd:
+			s = `FORMAT.md section 3.4: "Readers reject as corrupt: skippable frames, frames needing a dictionary, a Window_Descriptor declaring over 2 GiB (...), a Frame_Content_Size that is not exactly the decoded size, and trailing bytes."`
+		case codec.HeaderGzip:
+			s = `FORMAT.md section 3.5: "Anything after the last member that is not another member is corrupt."`
+		default:
+			s = "FORMAT.md section 3:"
+		}
+		return s + ` Section 3: "A payload must be consumed exactly: bytes after the block, frame or last gzip member make the value corrupt." The value is damaged or was not written by a packcache codec.`
+	}
+	return ""
+}
