@@ -211,7 +211,7 @@ func recompress(ctx context.Context, c *conn, o recompressOptions, stdout, stder
 		fmt.Fprintf(stdout, "stopped by an error; resume with: --cursor %s\n", cur)
 		return err
 	}
-	fmt.Fprintf(stdout, "cursor: %s\n", cur)
+	fmt.Fprintln(stdout, "cursor: done (the scan is complete)")
 	return nil
 }
 
