@@ -32,14 +32,14 @@ func TestRecompress(t *testing.T) {
 		binSmall := []byte("\x05binary, begins with a header byte")
 		binPlainStart := []byte("msgpack-ish binary \xff\xfe not JSON")
 		values := map[string][]byte{
-			"r:small-plain":     small,                                   // stays plain, untouched
-			"r:small-none-json": encode(t, codec.None, small),            // JSON framed with 01: becomes plain
-			"r:small-zstd":      encode(t, codec.Zstd, small),            // at or below the threshold: plain
-			"r:large-plain":     large,                                   // compressed: gets the header
-			"r:large-lz4":       encode(t, codec.LZ4, large),             // recompressed
-			"r:large-target":    encode(t, codec.ZstdDefault, large),     // already as the target: left alone
-			"r:bin-header":      encode(t, codec.None, binSmall),         // decoded begins with 05: keeps 01
-			"r:bin-text-start":  encode(t, codec.Snappy, binPlainStart),  // not JSON: framed with 01
+			"r:small-plain":     small,                                  // stays plain, untouched
+			"r:small-none-json": encode(t, codec.None, small),           // JSON framed with 01: becomes plain
+			"r:small-zstd":      encode(t, codec.Zstd, small),           // at or below the threshold: plain
+			"r:large-plain":     large,                                  // compressed: gets the header
+			"r:large-lz4":       encode(t, codec.LZ4, large),            // recompressed
+			"r:large-target":    encode(t, codec.ZstdDefault, large),    // already as the target: left alone
+			"r:bin-header":      encode(t, codec.None, binSmall),        // decoded begins with 05: keeps 01
+			"r:bin-text-start":  encode(t, codec.Snappy, binPlainStart), // not JSON: framed with 01
 			"r:bin-large":       encode(t, codec.None, bytes.Repeat(binSmall, 200)),
 			"r:tombstone":       {0x0e},
 			"r:lease":           []byte("\x0c0123456789abcdef"),
