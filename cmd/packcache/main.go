@@ -26,6 +26,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 )
 
@@ -38,11 +39,18 @@ const (
 )
 
 func main() {
+	// go-redis logs failed dials itself; the command reports every error
+	// once, with its cause.
+	redis.SetLogger(quietLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // usageError is bad input the user can fix by changing the command line.
 type usageError struct{ err error }
@@ -109,9 +117,6 @@ inspect, stats and advise only read (SCAN, GET, GETRANGE, STRLEN, PTTL, TYPE,
 MEMORY USAGE). recompress writes through a compare-and-set script.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		// Every subcommand runs only after its flags parsed: what fails
-		// from here on is not a usage error unless it says so.
-		PersistentPreRun: func(*cobra.Command, []string) { *ranCommand = true },
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -124,5 +129,15 @@ MEMORY USAGE). recompress writes through a compare-and-set script.`,
 		newRecompressCmd(&cf),
 	)
 	root.CompletionOptions.DisableDefaultCmd = true
+	// A subcommand runs only once cobra has checked its flags and
+	// arguments: what fails from then on is not a usage error unless it
+	// says so.
+	for _, c := range root.Commands() {
+		f := c.RunE
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			*ranCommand = true
+			return f(cmd, args)
+		}
+	}
 	return root
 }

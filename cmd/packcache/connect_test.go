@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// closedAddr returns a 127.0.0.1 address nothing listens on.
+func closedAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestBadInput runs every kind of bad input against a server holding
+// data: each must exit non-zero with a message, and change nothing.
+func TestBadInput(t *testing.T) {
+	targets(t, func(t *testing.T, tg redistest.Target) {
+		kv := map[string][]byte{}
+		for i := range 20 {
+			kv[fmt.Sprintf("b:%d", i)] = jsonDoc(i, 3000)
+		}
+		set(t, tg, time.Hour, kv)
+		tg.Client.HSet(t.Context(), "b:hash", "f", "v")
+		before := snapshot(t, tg)
+
+		down := closedAddr(t)
+		cases := []struct {
+			name string
+			args []string // with tg's connection flags unless they connect on their own
+			own  bool
+			code int
+			msg  string
+		}{
+			{"unreachable stats", []string{"--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
+			{"unreachable inspect", []string{"--addr", down, "inspect", "b:1"}, true, exitFailure, "cannot reach Redis"},
+			{"unreachable advise", []string{"--addr", down, "advise", "--prefix", "b:"}, true, exitFailure, "cannot reach Redis"},
+			{"unreachable recompress", []string{"--addr", down, "recompress", "--prefix", "b:", "--codec", "zstd"}, true, exitFailure, "cannot reach Redis"},
+			{"unreachable cluster", []string{"--cluster", "--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
+			{"bad URL scheme", []string{"--url", "http://" + down, "stats"}, true, exitUsage, "invalid URL scheme"},
+			{"bad URL database", []string{"--url", "redis://" + down + "/zero", "stats"}, true, exitUsage, "invalid database number"},
+			{"bad URL option", []string{"--url", "redis://" + down + "?colour=blue", "stats"}, true, exitUsage, "colour"},
+			{"URL and addr", []string{"--url", "redis://" + down, "--addr", down, "stats"}, true, exitUsage, "either --url or --addr"},
+			{"unknown codec", []string{"recompress", "--prefix", "b:", "--codec", "brotli"}, false, exitUsage, `unknown codec "brotli"`},
+			{"zstd level", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--level", "23"}, false, exitUsage, "zstd levels are 1-22"},
+			{"lz4 level", []string{"recompress", "--prefix", "b:", "--codec", "lz4", "--level", "10"}, false, exitUsage, "lz4 levels"},
+			{"snappy level", []string{"recompress", "--prefix", "b:", "--codec", "snappy", "--level", "1"}, false, exitUsage, "no levels"},
+			{"threshold", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--compress-above", "-1"}, false, exitUsage, "--compress-above"},
+			{"rate", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--rate", "fast"}, false, exitUsage, "--rate"},
+			{"cursor", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--cursor", "yesterday"}, false, exitUsage, "--cursor"},
+			{"no codec", []string{"recompress", "--prefix", "b:"}, false, exitUsage, `"codec" not set`},
+			{"empty prefix", []string{"recompress", "--prefix", "", "--codec", "zstd"}, false, exitUsage, "must not be empty"},
+			{"no keys stats", []string{"stats", "--prefix", "nothing:"}, false, exitFailure, `no keys under prefix "nothing:"`},
+			{"no keys advise", []string{"advise", "--prefix", "nothing:"}, false, exitFailure, `no keys under prefix "nothing:"`},
+			{"no keys recompress", []string{"recompress", "--prefix", "nothing:", "--codec", "zstd"}, false, exitFailure, `no keys under prefix "nothing:"`},
+			{"not a string", []string{"inspect", "b:hash"}, false, exitFailure, "a hash, not a string"},
+			{"missing key", []string{"inspect", "b:none"}, false, exitFailure, "no such key"},
+			{"no key", []string{"inspect"}, false, exitUsage, "requires at least 1 arg"},
+			{"unknown command", []string{"compress"}, false, exitUsage, `unknown command "compress"`},
+			{"unknown flag", []string{"stats", "--prefixes", "b:"}, false, exitUsage, "unknown flag: --prefixes"},
+			{"flag after", []string{"stats", "--sample", "many"}, false, exitUsage, "invalid argument"},
+			{"two addrs", []string{"--addr", down, "--addr", closedAddr(t), "stats"}, true, exitUsage, "add --cluster"},
+			{"cluster and sentinel", []string{"--cluster", "--sentinel-master", "m", "--addr", down, "stats"}, true, exitUsage, "exclude each other"},
+		}
+		if tg.Cluster != nil {
+			cases = append(cases,
+				struct {
+					name string
+					args []string
+					own  bool
+					code int
+					msg  string
+				}{"cluster node without --cluster", []string{"--addr", tg.Cluster.Addrs()[0], "stats"}, true, exitUsage, "is a Redis Cluster node: add --cluster"},
+				struct {
+					name string
+					args []string
+					own  bool
+					code int
+					msg  string
+				}{"cursor of another node", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--cursor", down + "=0"}, false, exitUsage, "not a master of this cluster"},
+			)
+		}
+		for _, c := range cases {
+			args := c.args
+			if !c.own {
+				args = with(tg, args...)
+			}
+			res := cli(t, args...)
+			if res.code != c.code {
+				t.Errorf("%s: exit %d, want %d", c.name, res.code, c.code)
+			}
+			if !strings.Contains(res.stderr, c.msg) {
+				t.Errorf("%s: stderr %q lacks %q", c.name, res.stderr, c.msg)
+			}
+		}
+		sameData(t, before, snapshot(t, tg), time.Minute)
+	})
+}
+
+// TestURL connects with --url, and with ParseClusterURL's form with
+// --cluster.
+func TestURL(t *testing.T) {
+	targets(t, func(t *testing.T, tg redistest.Target) {
+		set(t, tg, 0, map[string][]byte{"url:1": encode(t, codec.Snappy, jsonDoc(1, 2000))})
+		url := "redis://"
+		var args []string
+		if tg.Cluster != nil {
+			addrs := tg.Cluster.Addrs()
+			url += addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2] + "&dial_timeout=3s"
+			args = []string{"--cluster", "--url", url}
+		} else {
+			args = []string{"--url", url + tg.Server.Addr() + "/0?dial_timeout=3s"}
+		}
+		res := cli(t, append(args, "inspect", "url:1")...)
+		if res.code != 0 || !strings.Contains(res.stdout, "0x03 snappy") {
+			t.Errorf("inspect over --url: exit %d", res.code)
+		}
+	})
+}
+
+// startSentinel starts a Sentinel monitoring master as "packcache" and
+// returns its address once it reports the master.
+func startSentinel(t *testing.T, master *redistest.Server) string {
+	t.Helper()
+	redistest.RequireReal(t, master, "a sentinel process")
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not on PATH")
+	}
+	saddr := closedAddr(t)
+	_, port, _ := net.SplitHostPort(saddr)
+	host, mport, _ := net.SplitHostPort(master.Addr())
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	err = os.WriteFile(conf, fmt.Appendf(nil, "port %s\nbind 127.0.0.1\nprotected-mode no\ndir %s\nlogfile %s\nsentinel monitor packcache %s %s 1\n",
+		port, dir, filepath.Join(dir, "sentinel.log"), host, mport), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, conf, "--sentinel")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: saddr})
+		addr, err := sc.GetMasterAddrByName(context.Background(), "packcache").Result()
+		sc.Close()
+		if err == nil && len(addr) == 2 && addr[1] == mport {
+			return saddr
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
+			t.Fatalf("sentinel never reported the master: %v\n%s", err, log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	master := redistest.Start(t)
+	saddr := startSentinel(t, master)
+	rdb := master.Client(t)
+	ctx := context.Background()
+	for i := range 20 {
+		rdb.Set(ctx, fmt.Sprintf("sent:%d", i), jsonDoc(i, 4000), time.Hour)
+	}
+	conn := []string{"--sentinel-master", "packcache", "--addr", saddr}
+	for _, args := range [][]string{
+		{"inspect", "sent:1"},
+		{"stats", "--prefix", "sent:"},
+		{"advise", "--prefix", "sent:", "--sample", "10"},
+		{"recompress", "--prefix", "sent:", "--codec", "zstd"},
+	} {
+		if res := cli(t, append(conn, args...)...); res.code != 0 {
+			t.Errorf("%s through Sentinel: exit %d", args[0], res.code)
+		}
+	}
+	if v := rdb.Get(ctx, "sent:1").Val(); v[0] != codec.HeaderZstd {
+		t.Errorf("recompress through Sentinel did not reach the master: % x", v[:4])
+	}
+	res := cli(t, "--sentinel-master", "nosuchmaster", "--addr", saddr, "stats")
+	if res.code != exitFailure || !strings.Contains(res.stderr, "cannot reach Redis") {
+		t.Errorf("unknown master: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
