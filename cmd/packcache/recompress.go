@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -308,10 +310,10 @@ func (r *recompressor) batch(ctx context.Context, keys []string) error {
 	type write struct {
 		key      string
 		old, new []byte
+		err      error // the value could not be decoded
 	}
-	var writes []write
+	var work []write
 	var t tally
-	var skipped []string
 	for i, k := range keys {
 		v, err := gets[i].Bytes()
 		switch {
@@ -340,24 +342,41 @@ func (r *recompressor) batch(ctx context.Context, keys []string) error {
 			t.empty++
 			continue
 		}
-		decoded, err := codec.DecodeValue(nil, v, r.c.limit)
+		work = append(work, write{key: k, old: v})
+	}
+	// Decoding and encoding are the CPU of a run: spread them over the
+	// cores (the codecs are safe for concurrent use).
+	var encErr error
+	var errOnce sync.Once
+	parallel(len(work), func(i int) {
+		w := &work[i]
+		decoded, err := codec.DecodeValue(nil, w.old, r.c.limit)
 		if err != nil {
-			t.undecodable++
-			skipped = append(skipped, fmt.Sprintf("skipped %s: %v", k, err))
-			continue
+			w.err = err
+			return
 		}
 		// A plain value was JSON stored verbatim; a framed one may have
 		// been binary, which must stay framed (FORMAT.md section 5).
-		text := codec.Plain(v) || json.Valid(decoded)
-		nv, err := r.o.target.store(nil, decoded, text)
-		if err != nil {
-			return fmt.Errorf("%s: encoding with %s: %w", k, r.o.target.choice, err)
+		text := codec.Plain(w.old) || json.Valid(decoded)
+		if w.new, err = r.o.target.store(nil, decoded, text); err != nil {
+			errOnce.Do(func() { encErr = fmt.Errorf("%s: encoding with %s: %w", w.key, r.o.target.choice, err) })
 		}
-		if bytes.Equal(nv, v) {
+	})
+	if encErr != nil {
+		return encErr
+	}
+	var writes []write
+	var skipped []string
+	for _, w := range work {
+		switch {
+		case w.err != nil:
+			t.undecodable++
+			skipped = append(skipped, fmt.Sprintf("skipped %s: %v", w.key, w.err))
+		case bytes.Equal(w.new, w.old):
 			t.unchanged++
-			continue
+		default:
+			writes = append(writes, w)
 		}
-		writes = append(writes, write{k, v, nv})
 	}
 	if len(writes) > 0 && !r.o.dryRun {
 		pipe := r.c.rdb.Pipeline()
@@ -410,6 +429,21 @@ func (r *recompressor) batch(ctx context.Context, keys []string) error {
 	r.mu.Unlock()
 	r.bar.add(len(keys))
 	return nil
+}
+
+// parallel calls f(0) to f(n-1) on as many goroutines as there are
+// processors to run them.
+func parallel(n int, f func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				f(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func (t *tally) add(u tally) {
