@@ -46,7 +46,7 @@ func (f *connFlags) register(cmd *cobra.Command) {
 	fs.StringArrayVar(&f.addrs, "addr", nil, "Redis `host:port` (repeatable): the server, the cluster seeds with --cluster, or the sentinels with --sentinel-master (default "+defaultAddr+")")
 	fs.StringVar(&f.url, "url", "", "Redis `URL`, redis://[user:password@]host:port[/db][?options] or rediss:// for TLS (go-redis ParseURL; ParseClusterURL with --cluster, ParseFailoverURL with --sentinel-master)")
 	fs.BoolVar(&f.cluster, "cluster", false, "the addresses are seeds of a Redis Cluster; every master is scanned")
-	fs.StringVar(&f.sentinelMaster, "sentinel-master", "", "connect to the master `NAME`d by the Sentinels at --addr")
+	fs.StringVar(&f.sentinelMaster, "sentinel-master", "", "connect to the master the Sentinels at --addr know as `NAME`")
 	fs.StringVar(&f.sentinelUser, "sentinel-user", "", "ACL user for the Sentinels")
 	fs.StringVar(&f.sentinelPass, "sentinel-password", "", "password for the Sentinels")
 	fs.StringVar(&f.user, "user", "", "ACL user")
