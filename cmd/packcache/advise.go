@@ -37,7 +37,10 @@ gives up at most 1% of the bytes that compressing every value saves.
 The recommendation is the codec with the smallest projected memory among those adding at
 most --max-get-us to a Get and --max-set-us to a Set at the median value; among those
 within 1% of that memory, the one adding the least CPU. none adds nothing, so it is
-chosen when no codec fits the bounds or saves over 1%.
+chosen when no codec fits the bounds or saves over 1%. By default a Get may take 100 µs,
+or as long as 1 GB/s (about a 10 Gbit/s link) takes to carry the median value
+uncompressed if that is longer, and a Set 200 µs, or the time at 100 MB/s: caches are
+read more often than written.
 
 It prints the recommendation as a packcache.Policy literal and as environment
 variables. It only reads.`,
@@ -65,8 +68,8 @@ variables. It only reads.`,
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix to advise on (required)")
 	fs.IntVar(&o.sample, "sample", 200, "values to sample")
 	fs.StringVar(&o.chart, "chart", "", "write an SVG chart of ratio and speed against value size to this `file`")
-	fs.Float64Var(&o.maxGetUs, "max-get-us", 100, "most CPU, in µs, a codec may add to a Get of the median value")
-	fs.Float64Var(&o.maxSetUs, "max-set-us", 200, "most CPU, in µs, a codec may add to a Set of the median value")
+	fs.Float64Var(&o.maxGetUs, "max-get-us", 0, "most CPU, in µs, a codec may add to a Get of the median value (0: 100 µs, or the median value's size at 1 GB/s if longer)")
+	fs.Float64Var(&o.maxSetUs, "max-set-us", 0, "most CPU, in µs, a codec may add to a Set of the median value (0: 200 µs, or the median value's size at 100 MB/s if longer)")
 	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
 	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
 	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
@@ -150,6 +153,8 @@ type adviceReport struct {
 	MedianBytes int       `json:"median_bytes"`
 	StoredNow   int64     `json:"stored_bytes_now"`
 	MemoryNow   float64   `json:"memory_bytes_now_est"`
+	MaxGetUs    float64   `json:"max_get_us"`
+	MaxSetUs    float64   `json:"max_set_us"`
 	Results     []*result `json:"codecs"`
 	Recommended string    `json:"recommended"`
 	Rule        string    `json:"rule"`
@@ -189,6 +194,14 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	sorted := sortedCopy(sizes)
 	median := medianIndex(values)
 
+	medianBytes := float64(len(values[median].decoded))
+	if o.maxGetUs == 0 {
+		o.maxGetUs = math.Round(max(100, medianBytes/1e3)) // bytes at 1 GB/s, in µs
+	}
+	if o.maxSetUs == 0 {
+		o.maxSetUs = math.Round(max(200, medianBytes/1e2)) // bytes at 100 MB/s, in µs
+	}
+
 	bar := newProgress(o.progress, stderr, int64(len(candidates)), "measuring codecs", "codecs")
 	var results []*result
 	for _, ch := range candidates {
@@ -209,7 +222,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	rep := &adviceReport{
 		Prefix: o.prefix, Keys: g.Keys, Sampled: len(g.values), Measured: len(values),
 		MedianBytes: len(values[median].decoded), StoredNow: g.Stored, MemoryNow: float64(g.MemoryEst),
-		Results: results,
+		Results: results, MaxGetUs: o.maxGetUs, MaxSetUs: o.maxSetUs,
 	}
 	best := recommend(results)
 	t := target{choice: best.choice, above: best.Above}
@@ -374,8 +387,8 @@ func (r *result) storedAt(above int) float64 {
 	return n
 }
 
-// threshold picks the largest size (0, 64, 128, ... up to 4 KiB or the
-// break-even size) at or below which values can be stored plain while
+// threshold picks the largest size (0, 64, 128, ... up to 4 KiB or a
+// larger break-even size) at or below which values can be stored plain while
 // keeping all but tieShare of what compressing everything saves. A codec
 // that saves nothing gets -1: off.
 func (r *result) threshold() {
@@ -385,7 +398,13 @@ func (r *result) threshold() {
 		r.Above = -1
 		return
 	}
-	top := max(4096, r.BreakEven)
+	// Past 4 KiB only up to a break-even the sample shows: when every
+	// sampled value saves, the break-even is below the smallest sample,
+	// and sizes no sample had are no reason to store values plain.
+	top := 4096
+	if !r.EveryValue {
+		top = max(top, r.BreakEven)
+	}
 	r.Above = 0
 	for t := 64; t <= top; t *= 2 {
 		if plain-r.storedAt(t) >= (1-tieShare)*full {

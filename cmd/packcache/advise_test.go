@@ -81,11 +81,14 @@ func TestAdviseChat(t *testing.T) {
 			if r.Codec == rep.Recommended {
 				rec = r
 			}
-			if r.GetUs <= 100 && r.SetUs <= 200 {
+			if r.GetUs <= rep.MaxGetUs && r.SetUs <= rep.MaxSetUs {
 				least = min(least, r.Memory)
 			}
 		}
-		if rec == nil || rec.Memory > least*1.01 || rec.GetUs > 100 || rec.SetUs > 200 {
+		if rep.MaxGetUs < 100 || rep.MaxSetUs < 200 {
+			t.Errorf("default bounds %g and %g µs, under 100 and 200", rep.MaxGetUs, rep.MaxSetUs)
+		}
+		if rec == nil || rec.Memory > least*1.01 || rec.GetUs > rep.MaxGetUs || rec.SetUs > rep.MaxSetUs {
 			t.Errorf("recommended %+v breaks the rule (least memory in bounds %.0f)", rec, least)
 		}
 	})
@@ -127,6 +130,19 @@ func TestThresholdAndBreakEven(t *testing.T) {
 	// 1%, so the threshold stays below 1000.
 	if r.Above != 512 {
 		t.Errorf("threshold %d, want 512", r.Above)
+	}
+
+	// Only large values sampled, all saving: the break-even is below
+	// them, and the threshold stops at 4 KiB rather than climbing to the
+	// smallest sample.
+	r = &result{choice: candidates[6]}
+	for _, size := range []int{70_000, 300_000, 3_000_000} {
+		r.vals = append(r.vals, one{size: size, plain: size, comp: size / 5})
+	}
+	r.breakEven()
+	r.threshold()
+	if r.BreakEven != 70_000 || !r.EveryValue || r.Above != 4096 {
+		t.Errorf("break-even %d (every value %v), threshold %d; want 70000, true, 4096", r.BreakEven, r.EveryValue, r.Above)
 	}
 
 	// A codec that never saves is off.
