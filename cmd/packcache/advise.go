@@ -27,8 +27,8 @@ level (none; lz4 fast; lz4hc 3, 6, 9; snappy; zstd 1, 3, 7, 11: fastest, default
 best), measures on this machine the stored/plain size ratio, encode and decode speed, the
 break-even size (the smallest sampled size from which compression saves bytes), the
 threshold to recommend, the projected Redis memory of the prefix (MEMORY USAGE of the
-sample, with each value's bytes replaced by what the codec would store, times the key
-count) and the CPU a Get and a Set would add at the median value size.
+sample, with each value's allocation replaced by the one for what the codec would store,
+times the key count) and the CPU a Get and a Set would add at the median value size.
 
 The threshold of a codec is the largest of 0, 64, 128, ... bytes (up to 4 KiB, or the
 break-even size if larger) such that storing the sampled values at or below it plain
@@ -426,7 +426,7 @@ func (r *result) project(values []sampled, memOther float64, sampled int, keys i
 		if r.Above >= 0 && o.size > r.Above && o.saves() {
 			n = o.comp
 		}
-		mem += float64(v.mem - int64(len(v.stored)) + int64(n))
+		mem += float64(v.mem - redisAlloc(len(v.stored)) + redisAlloc(n))
 	}
 	r.Memory = mem / float64(sampled) * float64(keys)
 	t := target{choice: r.choice, above: r.Above}
@@ -434,6 +434,32 @@ func (r *result) project(values []sampled, memOther float64, sampled int, keys i
 		t.above = never
 	}
 	r.Policy = t.policyLiteral()
+}
+
+// redisAlloc estimates the bytes Redis allocates for a string value of n
+// bytes: an sds header, the bytes and a NUL, rounded up to jemalloc's size
+// class. MEMORY USAGE counts the allocation, not the length, so a
+// projection that swapped bytes for bytes would keep the old value's
+// rounding (up to a quarter of its size).
+func redisAlloc(n int) int64 {
+	hdr := 3 // sdshdr8
+	switch {
+	case n >= 1<<16:
+		hdr = 9
+	case n >= 1<<8:
+		hdr = 5
+	}
+	size := int64(hdr + n + 1)
+	switch {
+	case size <= 8:
+		return 8
+	case size <= 128:
+		return (size + 15) &^ 15
+	}
+	// Four classes per doubling: from 2^k (exclusive) to 2^(k+1), steps of
+	// 2^(k-2).
+	step := int64(1) << (bits.Len64(uint64(size-1)) - 3)
+	return (size + step - 1) / step * step
 }
 
 // recommend applies the rule stated in advise's help.
@@ -537,7 +563,7 @@ func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
 	tw.Flush()
 	fmt.Fprintf(w, "\n  ratio: stored/plain bytes of the sample with every value compressed; MB/s: decoded bytes (10^6) per second;\n")
 	fmt.Fprintf(w, "  break-even: smallest sampled size from which compressing saves bytes (< X: every sampled value saves);\n")
-	fmt.Fprintf(w, "  memory: MEMORY USAGE of the sample with each value's bytes replaced, x %s keys, at the threshold shown;\n", count(rep.Keys))
+	fmt.Fprintf(w, "  memory: MEMORY USAGE of the sample with each value's allocation replaced, x %s keys, at the threshold shown;\n", count(rep.Keys))
 	fmt.Fprintf(w, "  Get/Set µs: CPU the codec adds at the median value (%s), 0 where the threshold stores it plain.\n", bytesIEC(float64(rep.MedianBytes)))
 	fmt.Fprintf(w, "\nrecommended: %s\n", rep.Recommended)
 	fmt.Fprintf(w, "  rule:   %s\n", rep.Rule)

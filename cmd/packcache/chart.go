@@ -60,7 +60,7 @@ func writeAdviceChart(path string, rep *adviceReport) error {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
 	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
-	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" text-anchor="middle">packcache advise %s: %d sampled values of %s keys</text>`+"\n", w/2, esc(rep.Prefix), rep.Measured, count(rep.Keys))
+	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" text-anchor="middle">packcache advise --prefix %s (%d sampled values of %s keys)</text>`+"\n", w/2, esc(rep.Prefix), rep.Measured, count(rep.Keys))
 	drawPanel(&sb, 0, 30, w/2, h-30, ratio)
 	drawPanel(&sb, w/2, 30, w/2, h-30, speed)
 	sb.WriteString("</svg>\n")
@@ -152,7 +152,7 @@ func drawPanel(sb *strings.Builder, x0, y0, w, h int, p panel) {
 	for l := lx0; l <= lx1; l++ {
 		x := tx(math.Pow(10, l))
 		fmt.Fprintf(sb, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#ddd"/>`+"\n", x, oy, x, oy+ph)
-		fmt.Fprintf(sb, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x, oy+ph+16, bytesIEC(math.Pow(10, l)))
+		fmt.Fprintf(sb, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x, oy+ph+16, decimalSize(math.Pow(10, l)))
 	}
 	for _, v := range yticks {
 		y := ty(v)
@@ -187,6 +187,17 @@ func drawPanel(sb *strings.Builder, x0, y0, w, h int, p panel) {
 		fmt.Fprintf(sb, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="%s" stroke-width="3"/>`+"\n", ox+pw+10, ly, ox+pw+30, ly, s.color)
 		fmt.Fprintf(sb, `<text x="%.0f" y="%.0f">%s</text>`+"\n", ox+pw+35, ly+4, esc(s.name))
 	}
+}
+
+// decimalSize labels a power of ten: "100 B", "10 kB", "1 MB".
+func decimalSize(v float64) string {
+	switch {
+	case v >= 1e6:
+		return trimFloat(v/1e6) + " MB"
+	case v >= 1e3:
+		return trimFloat(v/1e3) + " kB"
+	}
+	return trimFloat(v) + " B"
 }
 
 func niceStep(raw float64) float64 {
