@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -263,21 +263,14 @@ func (c *conn) masterNames(ctx context.Context) ([]string, error) {
 	// Reload the slot map: the masters named in a saved cursor are
 	// compared with the cluster as it is now.
 	c.cluster.ReloadState(ctx)
+	var mu sync.Mutex
 	var names []string
-	ch := make(chan string, 64)
-	done := make(chan struct{})
-	go func() {
-		for n := range ch {
-			names = append(names, n)
-		}
-		close(done)
-	}()
 	err := c.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		ch <- node.Options().Addr
+		mu.Lock()
+		names = append(names, node.Options().Addr)
+		mu.Unlock()
 		return nil
 	})
-	close(ch)
-	<-done
 	if err != nil {
 		return nil, err
 	}
@@ -288,12 +281,4 @@ func (c *conn) masterNames(ctx context.Context) ([]string, error) {
 // isWrongType reports a command used on a key of another type.
 func isWrongType(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
-}
-
-// redisErr keeps redis.Nil out of messages.
-func redisErr(err error) error {
-	if errors.Is(err, redis.Nil) {
-		return nil
-	}
-	return err
 }

@@ -42,13 +42,14 @@ func TestBadInput(t *testing.T) {
 		before := snapshot(t, tg)
 
 		down := closedAddr(t)
-		cases := []struct {
+		type badCase struct {
 			name string
 			args []string // with tg's connection flags unless they connect on their own
 			own  bool
 			code int
 			msg  string
-		}{
+		}
+		cases := []badCase{
 			{"unreachable stats", []string{"--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
 			{"unreachable inspect", []string{"--addr", down, "inspect", "b:1"}, true, exitFailure, "cannot reach Redis"},
 			{"unreachable advise", []string{"--addr", down, "advise", "--prefix", "b:"}, true, exitFailure, "cannot reach Redis"},
@@ -81,20 +82,8 @@ func TestBadInput(t *testing.T) {
 		}
 		if tg.Cluster != nil {
 			cases = append(cases,
-				struct {
-					name string
-					args []string
-					own  bool
-					code int
-					msg  string
-				}{"cluster node without --cluster", []string{"--addr", tg.Cluster.Addrs()[0], "stats"}, true, exitUsage, "is a Redis Cluster node: add --cluster"},
-				struct {
-					name string
-					args []string
-					own  bool
-					code int
-					msg  string
-				}{"cursor of another node", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--cursor", down + "=0"}, false, exitUsage, "not a master of this cluster"},
+				badCase{"cluster node without --cluster", []string{"--addr", tg.Cluster.Addrs()[0], "stats"}, true, exitUsage, "is a Redis Cluster node: add --cluster"},
+				badCase{"cursor of another node", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--cursor", down + "=0"}, false, exitUsage, "not a master of this cluster"},
 			)
 		}
 		for _, c := range cases {

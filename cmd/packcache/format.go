@@ -49,6 +49,14 @@ func count(n int64) string {
 	return string(out)
 }
 
+// counted formats n with its noun, plural unless n is 1: "1 key", "2,000 keys".
+func counted(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return count(n) + " " + noun + "s"
+}
+
 // ttlString formats a remaining TTL in milliseconds, as PTTL gives it.
 func ttlString(ms int64) string {
 	switch {

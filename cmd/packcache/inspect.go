@@ -83,10 +83,8 @@ func inspect(ctx context.Context, c *conn, keys []string, raw, asJSON bool, w io
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			if raw {
-				r.StoredRaw = r.stored
-			}
+		if asJSON && raw {
+			r.StoredRaw = r.stored
 		}
 		reports = append(reports, r)
 		if r.failed {
@@ -291,12 +289,12 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 	if r.Level != "" {
 		row("level", "%s", r.Level)
 	}
-	row("stored", "%s bytes", count(int64(r.Stored)))
+	row("stored", "%s", counted(int64(r.Stored), "byte"))
 	if r.Decoded != nil {
 		if r.Ratio != nil {
-			row("decoded", "%s bytes (stored/decoded %.3f)", count(int64(*r.Decoded)), *r.Ratio)
+			row("decoded", "%s (stored/decoded %.3f)", counted(int64(*r.Decoded), "byte"), *r.Ratio)
 		} else {
-			row("decoded", "%s bytes", count(int64(*r.Decoded)))
+			row("decoded", "%s", counted(int64(*r.Decoded), "byte"))
 		}
 	}
 	row("ttl", "%s", ttlString(r.TTLMillis))

@@ -56,15 +56,14 @@ func parseChoice(name string, level int, levelSet bool) (choice, error) {
 // zstdSpeeds are the four distinct Zstandard speeds codec.ZstdLevel maps
 // the standard levels onto, with the standard level that names each.
 var zstdSpeeds = []struct {
-	label      string
-	level      int
-	levels     string
-	codecConst string
+	label  string
+	level  int
+	levels string
 }{
-	{"fastest", 1, "1-2", "codec.Zstd"},
-	{"default", 3, "3-5", "codec.ZstdDefault"},
-	{"better", 7, "6-9", "codec.ZstdBetter"},
-	{"best", 11, "10-22", "codec.ZstdBest"},
+	{"fastest", 1, "1-2"},
+	{"default", 3, "3-5"},
+	{"better", 7, "6-9"},
+	{"best", 11, "10-22"},
 }
 
 // String names the choice for tables: "zstd 3 (default)", "lz4 fast",

@@ -196,8 +196,8 @@ func recompress(ctx context.Context, c *conn, o recompressOptions, stdout, stder
 	if o.dryRun {
 		mode = " (dry run: nothing is written)"
 	}
-	fmt.Fprintf(stdout, "recompress %s: %s, compress above %s%s\n", o.prefix, o.target.choice, aboveString(o.target.above), mode)
-	fmt.Fprintf(stdout, "%s keys to examine\n", count(total))
+	fmt.Fprintf(stdout, "recompress --prefix %s to %s, compress above %s%s\n", o.prefix, o.target.choice, aboveString(o.target.above), mode)
+	fmt.Fprintf(stdout, "%s to examine\n", counted(total, "key"))
 	r.bar = newProgress(o.progress, stderr, total, "recompress", "keys")
 	start := time.Now()
 	r.scan.moved = r.printCursor

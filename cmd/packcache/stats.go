@@ -423,13 +423,13 @@ func printStats(w io.Writer, groups []*group) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "%s  %s keys\n", g.Prefix, count(g.Keys))
+		fmt.Fprintf(w, "%s  %s\n", g.Prefix, counted(g.Keys, "key"))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		row := func(name, format string, args ...any) {
 			fmt.Fprintf(tw, "  %s\t%s\n", name, fmt.Sprintf(format, args...))
 		}
 		if g.NotStrings > 0 {
-			row("not strings", "%s keys of other types, skipped", count(g.NotStrings))
+			row("not strings", "%s of other types, skipped", counted(g.NotStrings, "key"))
 		}
 		row("stored", "%s (%s bytes)", bytesIEC(float64(g.Stored)), count(g.Stored))
 		if g.Stored > 0 && g.DecodedEst > 0 {
@@ -452,7 +452,7 @@ func printStats(w io.Writer, groups []*group) {
 			}
 			row("ttl", "min %s  p50 %s  p90 %s  max %s%s", ttlString(t.MinMillis), ttlString(t.P50Millis), ttlString(t.P90Millis), ttlString(t.MaxMillis), approx)
 		}
-		row("no expiry", "%s keys", count(t.WithoutExpiry))
+		row("no expiry", "%s", counted(t.WithoutExpiry, "key"))
 		if g.Undecodable > 0 {
 			row("undecodable", "%d of %d sampled values (inspect them for the reason)", g.Undecodable, g.Sampled)
 		}

@@ -101,7 +101,7 @@ func TestStats(t *testing.T) {
 		if res.code != 0 {
 			t.Fatalf("exit %d", res.code)
 		}
-		mustContain(t, res.stdout, "s:  100 keys", "other:  7 keys", "(no colon)  1 keys", "codec mix", "zstd 30 (30.0%)", "no expiry")
+		mustContain(t, res.stdout, "s:  100 keys", "other:  7 keys", "(no colon)  1 key\n", "codec mix", "zstd 30 (30.0%)", "no expiry")
 		if strings.Index(res.stdout, "s:  100") > strings.Index(res.stdout, "other:") {
 			t.Error("groups not sorted by stored bytes")
 		}
