@@ -3,24 +3,27 @@ package packcache
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// A breaker stops calls from waiting on a Redis that keeps failing: after
-// cfg.failures consecutive failures it opens for cfg.cooldown, then lets one
-// call through to probe. The probe's success closes it; its failure opens it
-// again.
+// A breaker stops calls from waiting on a Redis node that keeps failing:
+// after cfg.failures consecutive failures it opens for cfg.cooldown, then
+// lets one call through to probe. The probe's success closes it; its
+// failure opens it again.
 type breaker struct {
 	cfg       breakerConfig
+	addr      string // the node's address, for observers; "" on a single node
 	failures  atomic.Int64
 	openUntil atomic.Int64 // unix nanoseconds; 0 when closed
 	probeAt   atomic.Int64 // unix nanoseconds the probe began; 0 when none
 }
 
-// allow reports whether a call may try Redis.
+// allow reports whether a call may try the node.
 func (b *breaker) allow() bool {
 	until := b.openUntil.Load()
 	if until == 0 {
@@ -65,20 +68,94 @@ func (b *breaker) open() bool {
 	return until != 0 && time.Now().UnixNano() < until
 }
 
-// redisFailed counts a failed Redis call and feeds the circuit breaker.
-func (c *Cache[T]) redisFailed(p *policy[T], err error) {
-	p.stats.redisErrors.Add(1)
-	var re redis.Error
-	if errors.As(err, &re) || errors.Is(err, context.Canceled) {
-		// An error reply (WRONGTYPE, say) or a caller giving up says
-		// nothing of Redis's health.
-		return
-	}
-	c.breaker.failure()
+// nodes holds one breaker per Redis node. On a *redis.ClusterClient a key's
+// node is its slot's master, as the client itself maps it; on any other
+// client every key has the one node.
+type nodes struct {
+	cfg     breakerConfig
+	cluster *redis.ClusterClient
+	one     breaker // the node of a non-cluster client, and of keys whose master is unknown
+	byAddr  sync.Map
 }
 
-func (c *Cache[T]) report(ctx context.Context, key string, err error) {
-	if c.onError != nil {
-		c.onError(ctx, key, err)
+func newNodes(rdb redis.UniversalClient, cfg breakerConfig) *nodes {
+	n := &nodes{cfg: cfg, one: breaker{cfg: cfg}}
+	n.cluster, _ = rdb.(*redis.ClusterClient)
+	return n
+}
+
+// forKey returns the breaker of key's node. It costs a slot computation
+// and a map read on a cluster, and nothing otherwise.
+func (n *nodes) forKey(ctx context.Context, key string) *breaker {
+	if n.cluster == nil {
+		return &n.one
+	}
+	cl, err := n.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		// No cluster state at all (no node answered): the failure that
+		// follows is charged to the shared bucket.
+		return &n.one
+	}
+	addr := cl.Options().Addr
+	if b, ok := n.byAddr.Load(addr); ok {
+		return b.(*breaker)
+	}
+	b, _ := n.byAddr.LoadOrStore(addr, &breaker{cfg: n.cfg, addr: addr})
+	return b.(*breaker)
+}
+
+// each calls f for every breaker the cache has used.
+func (n *nodes) each(f func(*breaker)) {
+	f(&n.one)
+	n.byAddr.Range(func(_, v any) bool { f(v.(*breaker)); return true })
+}
+
+// outcome is what one Redis operation says about its node's health.
+type outcome uint8
+
+const (
+	healthy outcome = iota // the node answered (a value, nil, or an error reply about the data)
+	neutral                // says nothing of the node: the caller's own context ended
+	failed                 // the node's own failure
+)
+
+// judgeRedis classifies err from a Redis operation made under caller's
+// context: the node answered, it failed, or the caller gave up.
+func judgeRedis(caller context.Context, err error) outcome {
+	if err == nil || err == redis.Nil {
+		return healthy
+	}
+	if caller.Err() != nil {
+		// The caller's own deadline or cancellation, not Redis's.
+		return neutral
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		// An error reply: the node is up unless the reply says it cannot
+		// serve (still loading its data set, cut off from the cluster or
+		// its master).
+		msg := re.Error()
+		for _, p := range unavailableReplies {
+			if strings.HasPrefix(msg, p) {
+				return failed
+			}
+		}
+		return healthy
+	}
+	// Network errors, refused connections, an exhausted pool, and the
+	// cache's own budget running out (the caller's context is still live,
+	// so a deadline error is the budget's).
+	return failed
+}
+
+var unavailableReplies = []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"}
+
+// feed tells b what an operation's outcome says of its node.
+func (b *breaker) feed(o outcome) {
+	switch o {
+	case healthy:
+		b.success()
+	case failed:
+		b.failure()
 	}
 }

@@ -10,6 +10,20 @@
 //
 // A Cache works over any redis.UniversalClient: a single node, Sentinel or
 // Cluster.
+//
+// # Guarantees
+//
+// Writes are never undone: once Set or Delete of a key returns, no load
+// that began before it, in this process or any other, leaves its value in
+// Redis, and no Get of this process that starts afterwards returns that
+// load's value (see Loader for how, and what it costs).
+//
+// Every Redis call the cache makes has a time budget (WithRedisTimeout);
+// failures of a node, judged by what the node did and never by a caller's
+// context, open that node's circuit breaker (WithCircuitBreaker).
+//
+// Close is idempotent and safe to call during any call; calls made after
+// it fail with ErrClosed.
 package packcache
 
 import (
@@ -20,6 +34,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,63 +49,65 @@ const tombstone = codec.HeaderTombstone
 // A Cache stores values of type T in Redis. It is safe for concurrent use.
 //
 // WARNING: values handed to callers that coalesced are shared: callers of
-// Get for one key that overlap, or that come within the share window after
+// Get for one key that overlap, or that come within the share window of
 // one another (see WithShareWindow), get the same T. With reference types
 // ([]byte, slices, maps, pointers) they must treat it as read-only.
 // WithDecodePerCaller gives each caller its own.
 type Cache[T any] struct {
-	rdb        redis.UniversalClient
-	ser        Serializer
-	raw        bool // T is []byte or json.RawMessage: stored as is
-	maxSize    int
-	timeout    time.Duration
-	coalesce   bool
-	perCaller  bool
-	strict     bool
-	onError    func(ctx context.Context, key string, err error)
-	lockLease  time.Duration
-	base       *policy[T]
-	prefixes   []*policy[T] // longest prefix first
-	breaker    breaker
-	lookups    group[result[T], flight[T]] // Gets without a loader: read and decode
-	reads      group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
-	loads      group[result[T], flight[T]] // loads, shared by reads and GetOrLoadMany
-	refreshing group[struct{}, flight[T]]
+	rdb          redis.UniversalClient
+	ser          Serializer
+	raw          bool // T is []byte or json.RawMessage: stored as is
+	ptr          bool // T is a pointer: a loader's nil is refused
+	maxSize      int
+	loadTimeout  time.Duration
+	redisTimeout time.Duration
+	coalesce     bool
+	perCaller    bool
+	strict       bool
+	lockWait     time.Duration
+	onError      func(ctx context.Context, key string, err error)
+	base         *policy[T]
+	prefixes     []*policy[T] // longest prefix first
+	nodes        *nodes
 
-	// The generic functions shared work runs, made into values once: a
-	// generic function named inside generic code is a closure over its
-	// type dictionary, allocated each time it is named.
-	lookupFn     func(context.Context, flight[T], *result[T]) error
-	loadFlightFn func(context.Context, flight[T], *result[T]) error
-	callLoaderFn func(context.Context, loaderCall[T], *T) error
-	wg           sync.WaitGroup
-	closed       context.Context
-	close        context.CancelFunc
+	lookups group[result[T], flight[T]]  // Gets without a loader: read and decode
+	reads   group[result[T], flight[T]]  // Gets with a loader: read, decode, and load on a miss
+	loads   group[result[T], loadJob[T]] // loads, shared by the reads that found the same state
+
+	// lookupFn holds lookup[T], the work of a read flight, made into a
+	// value once: a generic function named inside generic code is a
+	// closure over its type dictionary, allocated each time it is named.
+	lookupFn func(context.Context, flight[T]) (result[T], error)
+	// joiningFn holds c.reentrant, for the same reason.
+	joiningFn func(context.Context, string) error
+
+	life life
 }
 
-// policy is a Policy with every field resolved, plus its counters.
+// policy is a Policy resolved: every field set, in the form the cache
+// uses, with its counters.
 type policy[T any] struct {
-	Policy
-	prefix string
-	loader Loader[T]
-	stats  counters
+	prefix       string
+	codec        codec.Codec
+	compress     bool // whether values above threshold are compressed
+	threshold    int  // values longer than this are compressed
+	minSaving    int  // bytes compression must save, at least 1
+	ttl          time.Duration
+	jitter       float64       // 0: none
+	loader       Loader[T]     // nil: none
+	negativeTTL  time.Duration // 0: not remembered
+	refreshAfter time.Duration // 0: no refresh
+	staleFor     time.Duration // 0: no stale window
+	stats        counters
 }
 
-// expired reports whether a value with left to live (-1: unknown) is past
-// its TTL and only kept for StaleFor.
-func (p *policy[T]) expired(left time.Duration) bool {
-	return p.StaleFor > 0 && left >= 0 && left <= p.StaleFor
-}
-
-// flight holds what one piece of shared work needs, passed by value so
-// that no closure is allocated for it.
+// flight holds what one read needs, passed by value so that no closure is
+// allocated for it.
 type flight[T any] struct {
-	c       *Cache[T]
-	key     string
-	p       *policy[T]
-	ld      Loader[T]
-	stale   *result[T] // for a load: the expired value to fall back on
-	redisUp bool       // for a load: whether to store its value
+	c   *Cache[T]
+	key string
+	p   *policy[T]
+	ld  Loader[T]
 }
 
 // result is what shared work hands its callers.
@@ -109,10 +126,16 @@ const (
 )
 
 // New returns a Cache over rdb. Invalid options are reported here, not
-// later.
+// later, and so is a go-redis client whose ContextTimeoutEnabled is false:
+// such a client ignores the deadlines the cache bounds each Redis call
+// with (WithRedisTimeout), and a hung Redis would stall every caller for
+// the client's own timeouts and retries.
 func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	if rdb == nil {
 		return nil, errors.New("packcache: nil redis client")
+	}
+	if err := checkClient(rdb); err != nil {
+		return nil, err
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -124,35 +147,29 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		}
 	}
 	c := &Cache[T]{
-		rdb:       rdb,
-		ser:       cfg.serializer,
-		raw:       isRaw[T](),
-		maxSize:   cfg.maxValueSize,
-		timeout:   cfg.loadTimeout,
-		coalesce:  cfg.coalesce,
-		perCaller: cfg.perCaller,
-		strict:    cfg.strict,
-		onError:   cfg.errorHandler,
-		lockLease: cfg.lock,
-		breaker:   breaker{cfg: cfg.breaker},
+		rdb:          rdb,
+		ser:          cfg.serializer,
+		raw:          isRaw[T](),
+		ptr:          reflect.TypeFor[T]().Kind() == reflect.Pointer,
+		maxSize:      cfg.maxValueSize,
+		loadTimeout:  cfg.loadTimeout,
+		redisTimeout: cfg.redisTimeout,
+		coalesce:     cfg.coalesce,
+		perCaller:    cfg.perCaller,
+		strict:       cfg.strict,
+		lockWait:     cfg.lockWait,
+		onError:      cfg.errorHandler,
+		nodes:        newNodes(rdb, cfg.breaker),
 	}
-	c.lookupFn, c.loadFlightFn, c.callLoaderFn = lookup[T], loadFlight[T], callLoader[T]
-	c.lookups.wg, c.reads.wg, c.loads.wg, c.refreshing.wg = &c.wg, &c.wg, &c.wg, &c.wg
-	if w := cfg.shareWindow; w > 0 {
-		hold := func(r result[T], err error, took time.Duration) time.Duration {
-			if (err != nil && err != ErrNotFound) || r.stale {
-				return 0
-			}
-			// A value that took long to make (a load) stays shared for as
-			// long as it took, up to a second: the stragglers of the surge
-			// that waited for it are still arriving.
-			return max(w, min(took, time.Second))
-		}
-		c.lookups.hold, c.reads.hold = hold, hold
-		c.lookups.slide, c.reads.slide = w, w
-		c.lookups.slideCap, c.reads.slideCap = 10*w, 10*w
+	c.lookupFn, c.joiningFn = lookup[T], c.reentrant
+	keep := func(r result[T], err error) bool {
+		return (err == nil && !r.stale) || errors.Is(err, ErrMiss) || errors.Is(err, ErrNotFound)
 	}
-	c.closed, c.close = context.WithCancel(context.Background())
+	for _, g := range []*group[result[T], flight[T]]{&c.lookups, &c.reads} {
+		g.window, g.keep = int64(cfg.shareWindow), keep
+		g.spawn, g.done = c.life.trySpawn, c.life.exit
+	}
+	c.life.init()
 	var err error
 	if c.base, err = resolve[T]("", cfg.base); err != nil {
 		return nil, err
@@ -167,17 +184,49 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	return c, nil
 }
 
+// checkClient refuses a go-redis client that ignores context deadlines.
+func checkClient(rdb redis.UniversalClient) error {
+	var on bool
+	switch c := rdb.(type) {
+	case *redis.Client:
+		on = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		on = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		on = c.Options().ContextTimeoutEnabled
+	default:
+		return nil // a client of another kind: its deadlines are its own
+	}
+	if !on {
+		return errors.New("packcache: the redis client ignores context deadlines: set ContextTimeoutEnabled: true in its options, so that the cache's Redis time budget (WithRedisTimeout) bounds each call")
+	}
+	return nil
+}
+
+// resolve turns a merged Policy into the cache's form of it.
 func resolve[T any](prefix string, p Policy) (*policy[T], error) {
-	rp := &policy[T]{Policy: p, prefix: prefix}
-	if p.Loader != nil {
+	rp := &policy[T]{
+		prefix:    prefix,
+		codec:     p.Codec,
+		compress:  p.CompressAbove != Off && p.Codec.ID() != codec.HeaderNone,
+		threshold: max(p.CompressAbove, 0),
+		minSaving: max(p.MinSaving, 1),
+		ttl:       p.TTL,
+		jitter:    max(p.TTLJitter, 0),
+	}
+	if p.CompressAbove == CompressAll {
+		rp.threshold = 0
+	}
+	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
+	if p.Loader != nil && p.Loader != NoLoader {
 		l, ok := p.Loader.(Loader[T])
 		if !ok {
 			return nil, fmt.Errorf("packcache: loader for prefix %q is a %T, not a Loader[%s]", prefix, p.Loader, reflect.TypeFor[T]())
 		}
 		rp.loader = l
 	}
-	if p.RefreshAfter > 0 && p.TTL != NoExpiration && p.RefreshAfter >= p.TTL {
-		return nil, fmt.Errorf("packcache: prefix %q: RefreshAfter %v is not shorter than TTL %v", prefix, p.RefreshAfter, p.TTL)
+	if rp.refreshAfter > 0 && rp.ttl != NoExpiration && rp.refreshAfter >= rp.ttl {
+		return nil, fmt.Errorf("packcache: prefix %q: RefreshAfter %v is not shorter than TTL %v", prefix, rp.refreshAfter, rp.ttl)
 	}
 	return rp, nil
 }
@@ -187,13 +236,84 @@ func isRaw[T any]() bool {
 	return t == reflect.TypeFor[[]byte]() || t == reflect.TypeFor[json.RawMessage]()
 }
 
-// Close stops background refreshes and waits for the work the cache
-// started (shared loads, refreshes) to end. It does not close the Redis
-// client. The cache remains usable, but starts no background refresh.
+// life counts the calls and the background work in progress, so that
+// Close can refuse new calls and wait for those under way.
+type life struct {
+	// state is closedBit once Close has begun, plus the number of calls
+	// and goroutines of the cache's in progress.
+	state  atomic.Int64
+	idle   chan struct{} // closed when, after Close, nothing is in progress
+	once   sync.Once
+	ctx    context.Context // ends background work that outlives Close's wait
+	cancel context.CancelFunc
+}
+
+const closedBit = 1 << 62
+
+func (l *life) init() {
+	l.idle = make(chan struct{})
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+}
+
+// enter registers a call, unless the cache is closed.
+func (l *life) enter() bool {
+	if l.state.Add(1)&closedBit != 0 {
+		l.exit()
+		return false
+	}
+	return true
+}
+
+// exit ends a call or a piece of background work.
+func (l *life) exit() {
+	if l.state.Add(-1) == closedBit {
+		l.once.Do(func() { close(l.idle) })
+	}
+}
+
+// spawn registers background work started by a call in progress, whose
+// own registration keeps Close waiting: so it may start even after Close
+// has begun.
+func (l *life) spawn() { l.state.Add(1) }
+
+// trySpawn is spawn for work that a caller could as well do itself: it
+// refuses once Close has begun.
+func (l *life) trySpawn() bool {
+	if l.state.Load()&closedBit != 0 {
+		return false
+	}
+	l.spawn()
+	return true
+}
+
+// Close closes the cache. Calls made after Close begins fail with an error
+// matching ErrClosed. Close waits for the calls under way and the cache's
+// background work (shared reads, loads, refreshes) to end; they are
+// bounded by the load timeout and the Redis budget, and Close waits no
+// longer than their sum. Work still running then (a loader that ignores
+// its context) has its context cancelled, and Close returns an error
+// saying so. Close does not close the Redis client. It is idempotent and
+// safe to call concurrently with any call, and with itself.
 func (c *Cache[T]) Close() error {
-	c.close()
-	c.wg.Wait()
-	return nil
+	if old := c.life.state.Or(closedBit); old&^closedBit == 0 {
+		c.life.once.Do(func() { close(c.life.idle) })
+	}
+	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
+	defer t.Stop()
+	select {
+	case <-c.life.idle:
+		return nil
+	case <-t.C:
+	}
+	c.life.cancel()
+	t.Reset(c.redisTimeout)
+	select {
+	case <-c.life.idle:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
+			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout)
+	}
 }
 
 func (c *Cache[T]) policy(key string) *policy[T] {
@@ -210,37 +330,138 @@ func (c *Cache[T]) policy(key string) *policy[T] {
 // Without a loader for key, a key that holds no value returns ErrMiss. With
 // one (WithLoader, or the Loader of the key's Policy), Get reads through:
 // on a miss it calls the loader, stores the value with the key's policy and
-// returns it; see Loader for what else read-through does.
+// returns it; see Loader for what else read-through does, and for the
+// lease that keeps a write made during the load from being undone.
 //
 // Concurrent Gets of one key in one process share one Redis read, one
 // decompression and one decode, and on a miss one loader call. Every
 // caller, the first included, waits for the shared work or until its own
 // context is done, when it returns ctx.Err() and the work goes on for the
-// others: the read runs detached from the first caller's cancellation
-// (bounded by the Redis client's timeouts), the load likewise (bounded by
-// WithLoadTimeout and Close). A first caller whose context cannot end reads
+// others: the read runs detached from the first caller's cancellation,
+// bounded by the Redis budget (WithRedisTimeout), and the load likewise,
+// bounded by WithLoadTimeout. A first caller whose context cannot end reads
 // on its own goroutine. The value is shared among them, and with callers
-// that come within the share window (see Cache and WithShareWindow).
+// that come within the share window (see Cache and WithShareWindow). A Set
+// or Delete of the key through this cache detaches the reads and loads
+// under way from later callers.
+//
+// When Redis fails, or key's node's circuit breaker is open, a read-through
+// Get answers from the loader within the Redis budget plus the load time;
+// a Get without a loader returns an error matching ErrRedis (and
+// ErrCircuitOpen when the breaker is open).
 //
 // A stored value that cannot be decoded is an error naming the key and
 // matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
-// without a loader, the value is left in Redis untouched. Redis failures
-// match ErrRedis.
+// without a loader, the value is left in Redis untouched.
+//
+// WARNING: a loader that calls Get for the key it is loading gets
+// ErrReentrantLoad; see Loader.
 func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
+	if !c.life.enter() {
+		var zero T
+		return zero, keyErr("get", key, ErrClosed)
+	}
+	defer c.life.exit()
 	p := c.policy(key)
 	return c.get(ctx, key, p, p.loader)
 }
 
 // GetOrLoad is Get with fn as the loader for this call, whatever loader
-// the cache has. Concurrent calls for one key share one call of whichever
-// fn came first.
+// the cache has.
+//
+// WARNING: concurrent calls for one key share one load, of whichever fn
+// came first: the fn of a caller that joined another's load is not called.
 func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx context.Context) (T, error)) (T, error) {
 	if fn == nil {
 		var zero T
 		return zero, errors.New("packcache: GetOrLoad with nil function")
 	}
+	if !c.life.enter() {
+		var zero T
+		return zero, keyErr("get", key, ErrClosed)
+	}
+	defer c.life.exit()
 	p := c.policy(key)
 	return c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
+}
+
+func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+	f := flight[T]{c: c, key: key, p: p, ld: ld}
+	if !c.coalesce {
+		r, err := lookup(ctx, f)
+		return c.deliver(key, p, r, err)
+	}
+	g := &c.lookups
+	if ld != nil {
+		g = &c.reads
+	}
+	r, err, shared := g.do(ctx, key, f, c.lookupFn, c.joiningFn)
+	if shared {
+		p.stats.coalescedWaits.Add(1)
+	}
+	return c.deliver(key, p, r, err)
+}
+
+// lookup is the work of one read, shared by the callers that coalesce: it
+// reads key, judges what Redis holds, and acts on the judgement.
+func lookup[T any](ctx context.Context, f flight[T]) (result[T], error) {
+	c, key, p := f.c, f.key, f.p
+	var j judgement[T]
+	if b := c.nodes.forKey(ctx, key); b.allow() {
+		s, left, err := c.fetch(ctx, b, key, p)
+		j = c.judge(key, p, s, err, left, f.ld != nil)
+	} else {
+		j = judgement[T]{v: vUnavailable, err: circuitOpen("get", key)}
+	}
+	return c.act(ctx, f, j)
+}
+
+// act does with a judgement what rule says, for one key.
+func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
+	load, err := c.rule(ctx, f.key, j, f.ld != nil)
+	switch {
+	case err != nil:
+		return result[T]{}, err
+	case load:
+		return c.load(ctx, f, j)
+	}
+	if j.refresh {
+		c.refresh(ctx, f, j)
+	}
+	return j.r, nil
+}
+
+// rule is what every read does with a judgement, single or batch, with a
+// loader (readThrough) or without: serve j.r (starting a refresh if it is
+// due), fail with err, or load. Without a loader, a value past its TTL, a
+// lease and a miss are all ErrMiss, and an undecodable value or a Redis
+// failure is the error. With one, all of them load, except a Redis failure
+// with WithStrictRedis; an undecodable value is reported as it is
+// reloaded. A tombstone is ErrNotFound either way.
+func (c *Cache[T]) rule(ctx context.Context, key string, j judgement[T], readThrough bool) (load bool, err error) {
+	switch j.v {
+	case vHit:
+		return false, nil
+	case vTombstone:
+		return false, ErrNotFound
+	}
+	if !readThrough {
+		switch j.v {
+		case vUndecodable, vUnavailable:
+			return false, j.err
+		default: // vStale, vLease, vMiss
+			return false, ErrMiss
+		}
+	}
+	switch j.v {
+	case vUnavailable:
+		if c.strict {
+			return false, j.err
+		}
+	case vUndecodable:
+		c.report(ctx, key, j.err)
+	}
+	return true, nil
 }
 
 // A SetOption changes how one Set or SetMany stores its values.
@@ -259,57 +480,78 @@ func SetTTL(d time.Duration) SetOption {
 
 // Set stores value under key with the key's policy: serialized, compressed
 // when above the policy's threshold and when that saves at least its
-// minimum, with its TTL. A Set during a shared load of the same key may be
-// overwritten when that load stores its value.
+// minimum, with its TTL.
+//
+// Once Set returns, no load of key that began before it, in any process,
+// stores its value over this one, and no Get of this process that starts
+// afterwards returns an older value: Set overwrites the lease of a load in
+// progress (see Loader) and detaches this process's reads and loads of
+// the key from later callers. If Set fails, Redis may or may not hold the
+// value; later Gets in this process read afresh either way.
 func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOption) error {
+	if !c.life.enter() {
+		return keyErr("set", key, ErrClosed)
+	}
+	defer c.life.exit()
 	p := c.policy(key)
-	so := setOptions{ttl: p.TTL}
+	so := setOptions{ttl: p.ttl}
 	for _, o := range opts {
 		o(&so)
 	}
 	if err := checkTTL("SetTTL", so.ttl); err != nil {
 		return keyErr("set", key, err)
 	}
-	_, err := c.store(ctx, key, p, value, so.ttl, false)
+	e, err := c.encode(ctx, key, p, value)
+	if err != nil {
+		return err
+	}
+	e.detach()
+	defer e.release()
+	err = c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
 	c.forget(key)
 	return err
 }
 
 // Delete removes keys. Keys that do not exist are not an error. On Redis
 // Cluster the keys may live in different slots.
+//
+// Once Delete returns, no load of these keys that began before it, in any
+// process, stores its value, and no Get of this process that starts
+// afterwards returns a value read or loaded before it; see Set.
 func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	if !c.life.enter() {
+		return keyErr("delete", keys[0], ErrClosed)
+	}
+	defer c.life.exit()
 	defer func() {
 		for _, k := range keys {
 			c.forget(k)
 		}
 	}()
 	if len(keys) == 1 {
-		if err := c.rdb.Del(ctx, keys[0]).Err(); err != nil {
-			c.redisFailed(c.policy(keys[0]), err)
-			return keyErr("delete", keys[0], redisErr(err))
-		}
-		return nil
+		return c.del(ctx, keys[0])
 	}
-	// One DEL per key in a pipeline: a multi-key DEL fails on a cluster
-	// when the keys' slots differ, and the pipeline still costs one round
-	// trip per node.
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, len(keys))
-	for i, k := range keys {
-		cmds[i] = pipe.Del(ctx, k)
+	return c.delMany(ctx, keys)
+}
+
+func (c *Cache[T]) del(ctx context.Context, key string) error {
+	p := c.policy(key)
+	b := c.nodes.forKey(ctx, key)
+	if !b.allow() {
+		return circuitOpen("delete", key)
 	}
-	pipe.Exec(ctx)
-	var errs []error
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
-			c.redisFailed(c.policy(keys[i]), err)
-			errs = append(errs, keyErr("delete", keys[i], redisErr(err)))
-		}
+	rctx, cancel := c.budget(ctx)
+	err := c.rdb.Del(rctx, key).Err()
+	cancel()
+	b.feed(judgeRedis(ctx, err))
+	if err != nil {
+		p.stats.redisErrors.Add(1)
+		return keyErr("delete", key, redisErr(err))
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Stats returns a snapshot of the cache's counters.
@@ -322,4 +564,10 @@ func (c *Cache[T]) Stats() Stats {
 		s.Counters.add(snap)
 	}
 	return s
+}
+
+func (c *Cache[T]) report(ctx context.Context, key string, err error) {
+	if c.onError != nil {
+		c.onError(ctx, key, err)
+	}
 }

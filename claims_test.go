@@ -17,7 +17,9 @@ import (
 )
 
 // TestLoadTimeoutAndClose: a shared load runs detached from its callers,
-// so it needs bounds of its own: WithLoadTimeout, and Close.
+// so it needs bounds of its own. WithLoadTimeout ends it with
+// ErrLoadTimeout; Close waits for it, and ends it only if it outlives the
+// load timeout.
 func TestLoadTimeoutAndClose(t *testing.T) {
 	_, rdb := single(t)
 	ctx := ctxT(t)
@@ -27,15 +29,16 @@ func TestLoadTimeoutAndClose(t *testing.T) {
 	})
 	c := mustNew[Channel](t, rdb, packcache.WithLoader(hang), packcache.WithLoadTimeout(100*time.Millisecond))
 	start := time.Now()
-	if _, err := c.Get(ctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Get with a hanging loader: %v, want the load timeout", err)
+	if _, err := c.Get(ctx, "k"); !errors.Is(err, packcache.ErrLoadTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get with a hanging loader: %v, want ErrLoadTimeout", err)
 	}
 	if d := time.Since(start); d < 90*time.Millisecond || d > 2*time.Second {
 		t.Fatalf("load timed out after %v, want about 100ms", d)
 	}
 
-	// The caller leaves; the load goes on until Close ends it.
-	c2, err := packcache.New[Channel](rdb, packcache.WithLoader(hang))
+	// The caller leaves; the load goes on; Close waits for it up to the
+	// load timeout, then ends it.
+	c2, err := packcache.New[Channel](rdb, packcache.WithLoader(hang), packcache.WithLoadTimeout(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,12 +47,19 @@ func TestLoadTimeoutAndClose(t *testing.T) {
 	if _, err := c2.Get(short, "k2"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("caller with a short deadline: %v", err)
 	}
-	closed := make(chan struct{})
-	go func() { c2.Close(); close(closed) }()
+	closed := make(chan error)
+	start = time.Now()
+	go func() { closed <- c2.Close() }()
 	select {
-	case <-closed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close did not end the load under way (default load timeout is 30s)")
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if d := time.Since(start); d < 200*time.Millisecond {
+			t.Fatalf("Close returned after %v, before the load under way ended", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
 	}
 }
 

@@ -47,6 +47,28 @@ var (
 	// ErrRedis.
 	ErrCircuitOpen = errors.New("packcache: redis circuit open")
 
+	// ErrClosed is returned by every call made after Close. It matches
+	// nothing else.
+	ErrClosed = errors.New("packcache: cache is closed")
+
+	// ErrLoadTimeout reports a load that did not return within
+	// WithLoadTimeout. Its callers get it (as an *Error, with
+	// context.DeadlineExceeded in the chain too) and nothing is stored,
+	// even if the loader returns a value later. It is not a Redis failure.
+	ErrLoadTimeout = errors.New("packcache: load timed out")
+
+	// ErrReentrantLoad reports a Get, GetOrLoad or GetOrLoadMany of a key
+	// made from inside that key's own load (the loader's context tells):
+	// waiting for itself, it would wait until the load timeout. It is
+	// returned at once instead.
+	ErrReentrantLoad = errors.New("packcache: loader called the cache for the key it is loading")
+
+	// ErrNilValue reports a loader that returned a nil pointer and no
+	// error for a Cache of a pointer type. A nil pointer would be stored as
+	// JSON null and returned as nil to every later caller; a loader says
+	// "no such value" with ErrNotFound instead.
+	ErrNilValue = errors.New("packcache: loader returned a nil pointer without an error")
+
 	// DoNotCache is returned by a Loader together with a value to say the
 	// value is to be returned to callers but not stored, for partial or
 	// degraded results. Callers see the value and a nil error.
@@ -57,7 +79,7 @@ var (
 // returns for a key, other than ErrMiss, ErrNotFound and context errors from
 // a waiting caller, is an *Error.
 type Error struct {
-	Op  string // "get", "set", "delete", "load"
+	Op  string // "get", "set", "delete", "load", "lease"
 	Key string
 	Err error
 }
@@ -70,14 +92,16 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // A PanicError is the error every caller sharing a load gets when the loader
-// panics. The process does not crash and no caller hangs.
+// panics. The process does not crash and no caller hangs. Its message is
+// one line, safe to show a client; the stack stays in the Stack field, for
+// logs.
 type PanicError struct {
 	Value any    // the value passed to panic
 	Stack []byte // the loader goroutine's stack at the panic
 }
 
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("packcache: loader panicked: %v\n\n%s", e.Value, e.Stack)
+	return fmt.Sprintf("packcache: loader panicked: %v", e.Value)
 }
 
 // Unwrap returns the panic value if it is an error.

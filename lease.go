@@ -3,79 +3,207 @@ package packcache
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/codec"
 )
 
-// lockKey names the lock of key. It keeps key's hash tag, if any, so the
-// lock lives in key's slot on a cluster.
-func lockKey(key string) string { return key + ":packcache-lock" }
+// Writes are never undone. Once Set or Delete of a key returns, no load
+// that began before it, in this process or any other, can leave its value
+// in Redis; and no Get of this process that starts afterwards returns
+// that load's value. Two mechanisms keep the first promise, one per state
+// a load can begin from:
+//
+//   - A load that begins from a miss first writes a lease in the key: the
+//     header byte 0x0C and a random token (SET with PX, by a script that
+//     writes it only where the key holds nothing). The loader is called
+//     only once the lease is in place, and its value is stored by a script
+//     that writes it only if the key still holds that very lease. A Set
+//     or Delete meanwhile, by anyone, replaces or removes the lease, and
+//     the load's store is refused. A write that came before the lease was
+//     placed came before the loader read the source, so the load's value
+//     is as new as that write.
+//   - A load that begins from a value still in place (a refresh, a stale
+//     value past its TTL, a value this reader cannot decode) stores by a
+//     script that compares the SHA-1 of what the key holds with that of
+//     what the load began from.
+//
+// The cost: a miss takes one more round trip (the lease) than a plain
+// GET-then-SET, and the final write is a script; a hit costs nothing
+// more. The second promise, within this process, is forget's: a write
+// detaches every read and load of the key under way from later callers.
+//
+// While a lease is in place, readers treat the key as "a load is in
+// progress", never as data or as an error: a Get without a loader reports
+// a miss; a Get with one joins this process's load if the lease is its
+// own, or else loads without storing, or with WithLock waits for the
+// other process's value (taking the lease over if it outlives the wait).
+//
+// A lease lives for the load timeout plus two Redis budgets, so that a
+// load that ends within its timeout can always store; the lease of a
+// process that died mid-load blocks stores of the key for that long.
 
-var unlockScript = redis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) end return 0`)
-
-func (c *Cache[T]) lock(ctx context.Context, key string) (token string, ok bool, err error) {
-	var b [16]byte
-	rand.Read(b[:])
-	token = hex.EncodeToString(b[:])
-	ok, err = c.rdb.SetNX(ctx, lockKey(key), token, c.lockLease).Result()
-	return token, ok, err
+// A guard says whether and how a load may store its value.
+type guard struct {
+	kind  guardKind
+	value string // guardLease: the lease; guardDigest: the digest of the value the load began from
 }
 
-func (c *Cache[T]) unlock(ctx context.Context, key, token string) {
-	// Release only our own lock: after a lease ran out another process may
-	// hold it.
-	if err := unlockScript.Run(ctx, c.rdb, []string{lockKey(key)}, token).Err(); err != nil && err != redis.Nil {
-		c.report(ctx, key, keyErr("unlock", key, redisErr(err)))
+type guardKind uint8
+
+const (
+	guardNone   guardKind = iota // store nothing: Redis is down, or another process holds the lease
+	guardLease                   // store only if the key still holds our lease
+	guardDigest                  // store only if the key still holds the value the load began from
+)
+
+// newLease returns a fresh lease value: the lease header byte and 16
+// random bytes.
+func newLease() string {
+	var b [17]byte
+	b[0] = codec.HeaderLease
+	rand.Read(b[1:])
+	return string(b[:])
+}
+
+// acquireScript writes the lease ARGV[1] for ARGV[2] ms where the key holds
+// nothing, or holds exactly the lease ARGV[3] being taken over, and returns
+// nil; otherwise it returns what the key holds.
+var acquireScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and (ARGV[3] == '' or v ~= ARGV[3]) then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false`)
+
+// storeScript writes ARGV[3] (for ARGV[4] ms; 0: no expiry) only if the
+// key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
+// ARGV[2] (ARGV[1] = 'd'). It returns 1 if it wrote, 0 if not.
+var storeScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if ARGV[1] == 'l' then
+  if cur ~= ARGV[2] then return 0 end
+elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
+  return 0
+end
+if ARGV[4] == '0' then
+  redis.call('SET', KEYS[1], ARGV[3])
+else
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+end
+return 1`)
+
+// releaseScript deletes the key only if it holds the lease ARGV[1].
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+func (c *Cache[T]) leaseTTL() time.Duration { return c.loadTimeout + 2*c.redisTimeout }
+
+// acquire places lease on key, taking over the lease over if not "". It
+// returns ok when the lease is in place; otherwise what the key holds
+// (a value, another lease) in s. err is a Redis failure.
+func (c *Cache[T]) acquire(ctx context.Context, key string, p *policy[T], lease, over string) (ok bool, s string, err error) {
+	b := c.nodes.forKey(ctx, key)
+	if !b.allow() {
+		return false, "", circuitOpen("lease", key)
+	}
+	rctx, cancel := c.budget(ctx)
+	s, err = acquireScript.Run(rctx, c.rdb, []string{key}, lease, c.leaseTTL().Milliseconds(), over).Text()
+	cancel()
+	b.feed(judgeRedis(ctx, err))
+	switch {
+	case err == redis.Nil:
+		return true, "", nil
+	case err != nil:
+		p.stats.redisErrors.Add(1)
+		return false, "", keyErr("lease", key, redisErr(err))
+	}
+	return false, s, nil
+}
+
+// storeArgs are the arguments of storeScript for a guarded write.
+func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
+	mode := "l"
+	if g.kind == guardDigest {
+		mode = "d"
+	}
+	ms := int64(0)
+	if ttl != NoExpiration {
+		ms = max(ttl.Milliseconds(), 1)
+	}
+	return []any{mode, g.value, stored, ms}
+}
+
+// storeGuarded writes stored under key if g still holds: it reports whether
+// it wrote. A refusal means a write came after the load began; it is not
+// an error.
+func (c *Cache[T]) storeGuarded(ctx context.Context, key string, p *policy[T], g guard, stored []byte, ttl time.Duration) (bool, error) {
+	b := c.nodes.forKey(ctx, key)
+	if !b.allow() {
+		return false, circuitOpen("set", key)
+	}
+	rctx, cancel := c.budget(ctx)
+	n, err := storeScript.Run(rctx, c.rdb, []string{key}, storeArgs(g, stored, ttl)...).Int()
+	cancel()
+	b.feed(judgeRedis(ctx, err))
+	if err != nil {
+		p.stats.redisErrors.Add(1)
+		return false, keyErr("set", key, redisErr(err))
+	}
+	if n == 0 {
+		p.stats.superseded.Add(1)
+		return false, nil
+	}
+	p.stats.sets.Add(1)
+	c.wrote(key)
+	return true, nil
+}
+
+// wrote ends the sharing of loader-less reads of key begun before a store
+// of a load's value: such a read may have found the key missing, which
+// later callers must not be given. (Reads with a loader that found it
+// missing share the very load that stored.)
+func (c *Cache[T]) wrote(key string) { c.lookups.forget(key) }
+
+// release removes our lease from key if it is still there: the load it
+// stood for stores nothing.
+func (c *Cache[T]) release(ctx context.Context, key string, p *policy[T], lease string) {
+	b := c.nodes.forKey(ctx, key)
+	if !b.allow() {
+		return // it expires by itself
+	}
+	rctx, cancel := c.budget(ctx)
+	err := releaseScript.Run(rctx, c.rdb, []string{key}, lease).Err()
+	cancel()
+	b.feed(judgeRedis(ctx, err))
+	if err != nil {
+		p.stats.redisErrors.Add(1)
+		c.report(ctx, key, keyErr("lease", key, redisErr(err)))
 	}
 }
 
-// loadLocked loads key under the cross-process lock. If another process
-// holds it, loadLocked waits for the value that process stores, polling
-// with backoff; if the lock is released or expires with no value (its
-// holder failed or died), it tries to take the lock again. It waits no
-// longer than ctx allows.
-func (c *Cache[T]) loadLocked(ctx context.Context, key string, p *policy[T], ld Loader[T], stale *result[T]) (result[T], error) {
+// awaitLease waits, for up to the WithLock wait, for another process's
+// lease on key to give way, polling with backoff, and returns what the key
+// then holds: a value, a miss, or (after the wait) a lease. ctx bounds it
+// too.
+func (c *Cache[T]) awaitLease(ctx context.Context, key string, p *policy[T]) judgement[T] {
+	p.stats.lockWaits.Add(1)
+	deadline := time.Now().Add(c.lockWait)
 	backoff := 2 * time.Millisecond
-	waited := false
 	for {
-		token, ok, err := c.lock(ctx, key)
-		if err != nil {
-			c.redisFailed(p, err)
-			c.report(ctx, key, keyErr("lock", key, redisErr(err)))
-			return c.load(ctx, key, p, ld, stale, false)
-		}
-		if ok {
-			r, err := c.load(ctx, key, p, ld, stale, true)
-			c.unlock(ctx, key, token)
-			return r, err
-		}
-		if !waited {
-			waited = true
-			p.stats.lockWaits.Add(1)
-		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(min(backoff, max(time.Until(deadline), 0)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return result[T]{}, keyErr("load", key, ctx.Err())
+			return judgement[T]{v: vUnavailable, err: keyErr("load", key, ctx.Err())}
 		case <-t.C:
 		}
-		if backoff *= 2; backoff > 100*time.Millisecond {
-			backoff = 100 * time.Millisecond
-		}
-		var r result[T]
-		left, err := c.fetch(ctx, key, p, &r)
-		switch {
-		case err == nil && !p.expired(left):
-			return r, nil
-		case errors.Is(err, ErrNotFound):
-			return result[T]{}, ErrNotFound
-		case err != nil && errors.Is(err, ErrRedis):
-			c.report(ctx, key, err)
-			return c.load(ctx, key, p, ld, stale, false)
+		backoff = min(2*backoff, 100*time.Millisecond)
+		j := c.reread(ctx, key, p)
+		if j.v != vLease || !time.Now().Before(deadline) {
+			return j
 		}
 	}
 }

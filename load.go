@@ -1,92 +1,13 @@
 package packcache
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"slices"
+	"time"
+	"unsafe"
 )
-
-// loadFlight is the load of a flight: under the cross-process lock when
-// there is one and Redis is up.
-func loadFlight[T any](ctx context.Context, f flight[T], r *result[T]) error {
-	var err error
-	if f.redisUp && f.c.lockLease > 0 {
-		*r, err = f.c.loadLocked(ctx, f.key, f.p, f.ld, f.stale)
-	} else {
-		*r, err = f.c.load(ctx, f.key, f.p, f.ld, f.stale, f.redisUp)
-	}
-	return err
-}
-
-// load calls the loader and, when Redis is up, stores what it returns.
-func (c *Cache[T]) load(ctx context.Context, key string, p *policy[T], ld Loader[T], stale *result[T], store bool) (result[T], error) {
-	var v T
-	var err error
-	protect(ctx, loaderCall[T]{ld, key}, c.callLoaderFn, &v, &err)
-	switch {
-	case err == nil || errors.Is(err, DoNotCache):
-		p.stats.loads.Add(1)
-		r := result[T]{val: v, from: fromLoader}
-		if err == nil && store {
-			data, serr := c.store(ctx, key, p, v, p.TTL, c.perCaller)
-			if serr != nil {
-				if c.strict || errors.Is(serr, ErrSerialization) || errors.Is(serr, ErrTooLarge) {
-					return result[T]{}, serr
-				}
-				c.report(ctx, key, serr)
-			}
-			r.data = data
-		}
-		if c.perCaller && r.data == nil {
-			// Not stored, so not serialized yet. (For raw T this is v's
-			// own slice; each caller copies it in deliver.)
-			data, merr := c.marshal(nil, v)
-			if merr != nil {
-				return result[T]{}, keyErr("load", key, merr)
-			}
-			r.data = data
-		}
-		return r, nil
-	case errors.Is(err, ErrNotFound):
-		p.stats.loads.Add(1)
-		if store {
-			c.rememberNotFound(ctx, key, p)
-		}
-		return result[T]{}, ErrNotFound
-	default:
-		p.stats.loadErrors.Add(1)
-		if stale != nil {
-			p.stats.staleServes.Add(1)
-			c.report(ctx, key, keyErr("load", key, err))
-			s := *stale
-			s.stale = true
-			return s, nil
-		}
-		return result[T]{}, keyErr("load", key, err)
-	}
-}
-
-// rememberNotFound stores key's tombstone for its policy's NegativeTTL,
-// if it has one.
-func (c *Cache[T]) rememberNotFound(ctx context.Context, key string, p *policy[T]) {
-	if p.NegativeTTL <= 0 {
-		return
-	}
-	if err := c.setRaw(ctx, key, []byte{tombstone}, p.NegativeTTL); err != nil {
-		c.report(ctx, key, err)
-	}
-}
-
-// loaderCall is a loader and its key, for protect.
-type loaderCall[T any] struct {
-	ld  Loader[T]
-	key string
-}
-
-func callLoader[T any](ctx context.Context, l loaderCall[T], v *T) error {
-	var err error
-	*v, err = l.ld.Load(ctx, l.key)
-	return err
-}
 
 // A Loader loads the value for a key from the source of truth, such as a
 // database, when the cache does not hold it.
@@ -95,21 +16,42 @@ func callLoader[T any](ctx context.Context, l loaderCall[T], v *T) error {
 // NegativeTTL the cache remembers that. It returns a value together with
 // DoNotCache for a value that callers may use but the cache must not keep.
 // Any other error fails the callers waiting for the load and is not
-// cached: the next Get calls the loader again.
+// cached: the next Get calls the loader again. For a Cache of a pointer
+// type, a nil pointer with a nil error is refused (ErrNilValue): return
+// ErrNotFound instead.
 //
 // A Loader is called on a goroutine of the cache's under a context that
-// carries the first caller's values but not its cancellation, bounded by
-// WithLoadTimeout. A panic in Load becomes a *PanicError for every caller
-// waiting for it.
+// carries the first caller's values but not its cancellation, and ends
+// after WithLoadTimeout (or at Close, if the load outlives Close's wait).
+// Callers still waiting when it ends get an error matching ErrLoadTimeout,
+// and nothing is stored, even if Load returns a value later. A panic in
+// Load becomes a *PanicError for every caller waiting for it.
+//
+// Before a Loader is called for a key that Redis does not hold, the cache
+// writes a lease in the key (see FORMAT.md): a Set or Delete of the key
+// made while the load runs, by any process, replaces the lease, and the
+// loaded value is then returned to the callers waiting for it but not
+// stored. This costs a miss one more round trip to Redis than a plain
+// GET and SET; a hit costs nothing more.
 //
 // With a loader, Get also:
-//   - reloads and overwrites a stored value it cannot decode, reporting the
-//     error to the error handler, so callers get the fresh value;
-//   - answers from the loader when Redis fails or the circuit breaker is
-//     open (unless WithStrictRedis), reporting the Redis error;
+//   - reloads a stored value it cannot decode, reporting the error to the
+//     error handler, and overwrites it unless it changed meanwhile;
+//   - answers from the loader when Redis fails or the node's circuit
+//     breaker is open (unless WithStrictRedis), reporting the Redis error,
+//     and stores nothing;
 //   - with RefreshAfter, reloads in the background a value that is older,
-//     once per key per process at a time, while callers get the cached one;
-//   - with StaleFor, returns the expired value when its reload fails.
+//     once per key per process at a time, while callers get the cached
+//     one; the reload stores its value only if the key still holds the
+//     value it began from;
+//   - with StaleFor, reloads a value past its TTL and returns it if the
+//     reload fails.
+//
+// WARNING: a Load that calls Get, GetOrLoad or GetOrLoadMany for the key
+// it is loading, with the context it was given, gets ErrReentrantLoad at
+// once: waiting for its own load, it would wait until the load timeout.
+// (With a context not derived from its own, the cache cannot tell, and
+// that call waits.)
 type Loader[T any] interface {
 	Load(ctx context.Context, key string) (T, error)
 }
@@ -132,33 +74,350 @@ func WithLoader[T any](l Loader[T]) Option {
 	}
 }
 
-// refresh reloads key in the background unless a refresh of it is under
-// way in this process (or, with WithLock, in another).
-func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], ld Loader[T]) {
-	if c.closed.Err() != nil {
-		return
+// A loadJob is one load: of what key, with what loader, and from what
+// state of the key, which decides how it may store its value.
+type loadJob[T any] struct {
+	c       *Cache[T]
+	key     string
+	p       *policy[T]
+	ld      Loader[T]
+	from    judgement[T] // what the read that started the load found
+	token   string       // the load's identity in the loads group: see loadToken
+	refresh bool         // a background refresh of a value still fresh
+}
+
+// loadToken names the state a load begins from, so that only reads that
+// found the same state share it: for a miss, the new lease the load will
+// write; for a lease, that lease; for a value in place, its digest; with
+// Redis down, "down".
+func loadToken[T any](j judgement[T]) string {
+	switch j.v {
+	case vMiss:
+		return newLease()
+	case vLease:
+		return j.lease
+	case vUnavailable:
+		return "down"
+	default:
+		return "sha1:" + j.digest
 	}
-	own, _ := c.refreshing.claim([]string{key}) // nothing if one is under way
-	cl, ok := own[key]
-	if !ok {
-		return
+}
+
+// loading marks a load's context with the keys it loads, to catch a
+// loader that waits for its own load.
+type loading struct {
+	cache  any
+	keys   []string
+	parent *loading
+}
+
+type loadingKey struct{}
+
+// reentrant reports a call for key made from inside key's own load.
+func (c *Cache[T]) reentrant(ctx context.Context, key string) error {
+	l, _ := ctx.Value(loadingKey{}).(*loading)
+	for ; l != nil; l = l.parent {
+		if l.cache == any(c) && slices.Contains(l.keys, key) {
+			return keyErr("get", key, ErrReentrantLoad)
+		}
 	}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		defer c.refreshing.finish(key, cl)
-		wctx, cancel := detach(ctx, c.closed, c.timeout)()
+	return nil
+}
+
+// loadContext returns the context a load of keys runs under: ctx's values,
+// marked with the keys, bounded by the load timeout and by Close. Unless
+// inline, it is detached from ctx's cancellation, since the load goes on
+// for every caller that shares it.
+func (c *Cache[T]) loadContext(ctx context.Context, keys []string, inline bool) (context.Context, context.CancelFunc) {
+	parent, _ := ctx.Value(loadingKey{}).(*loading)
+	if !inline {
+		ctx = context.WithoutCancel(ctx)
+	}
+	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: c, keys: keys, parent: parent})
+	ctx, cancel := context.WithTimeout(ctx, c.loadTimeout)
+	stop := context.AfterFunc(c.life.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// loadEnded is the error of a load whose context ended before its loader
+// returned.
+func (c *Cache[T]) loadEnded(ctx context.Context, key string) error {
+	if c.life.ctx.Err() != nil {
+		return keyErr("load", key, &kindError{ErrClosed, ctx.Err()})
+	}
+	return keyErr("load", key, &kindError{ErrLoadTimeout, ctx.Err()})
+}
+
+// load answers a read-through caller whose read found j: it joins this
+// process's load of the key begun from the same state, or starts one on a
+// goroutine of its own, and waits for it under ctx.
+func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
+	if err := c.reentrant(ctx, f.key); err != nil {
+		return result[T]{}, err
+	}
+	job := loadJob[T]{c: c, key: f.key, p: f.p, ld: f.ld, from: j, token: loadToken(j)}
+	if !c.coalesce {
+		lctx, cancel := c.loadContext(ctx, []string{f.key}, true)
 		defer cancel()
-		if c.lockLease > 0 {
-			token, ok, err := c.lock(wctx, key)
-			if err != nil || !ok {
-				return // another process refreshes it
-			}
-			defer c.unlock(wctx, key, token)
+		r, err := job.run(lctx, func() bool { return lctx.Err() == nil })
+		if err != nil && ctx.Err() != nil {
+			return result[T]{}, ctx.Err()
 		}
-		p.stats.refreshes.Add(1)
-		if _, err := c.load(wctx, key, p, ld, nil, true); err != nil && !errors.Is(err, ErrNotFound) {
-			c.report(wctx, key, err)
+		return r, err
+	}
+	cl, joined := c.loads.acquire(f.key, time.Now().UnixNano(), job.token, true)
+	if joined {
+		f.p.stats.coalescedWaits.Add(1)
+	} else {
+		c.life.spawn()
+		go c.runLoad(ctx, cl, job)
+	}
+	return wait(ctx, cl)
+}
+
+// refresh starts a background reload of a value due for refresh, unless
+// one from the same value is under way in this process.
+func (c *Cache[T]) refresh(ctx context.Context, f flight[T], j judgement[T]) {
+	job := loadJob[T]{c: c, key: f.key, p: f.p, ld: f.ld, from: j, token: "sha1:" + j.digest, refresh: true}
+	cl, joined := c.loads.acquire(f.key, time.Now().UnixNano(), job.token, false)
+	if joined {
+		return
+	}
+	f.p.stats.refreshes.Add(1)
+	c.life.spawn()
+	go c.runLoad(ctx, cl, job)
+}
+
+// runLoad runs job for the callers of cl, on a goroutine of its own, and
+// releases them when the load's context ends if the loader has not
+// returned by then.
+func (c *Cache[T]) runLoad(ctx context.Context, cl *call[result[T]], job loadJob[T]) {
+	defer c.life.exit()
+	lctx, cancel := c.loadContext(ctx, []string{job.key}, false)
+	defer cancel()
+	timeout := context.AfterFunc(lctx, func() {
+		c.loads.finish(job.key, cl, result[T]{}, c.loadEnded(lctx, job.key))
+	})
+	// If the loader calls runtime.Goexit, run does not return: err keeps
+	// errGoexit and the deferred finish still releases the callers.
+	r, err := result[T]{}, errGoexit
+	defer func() {
+		if job.refresh && err != nil && !errors.Is(err, ErrNotFound) {
+			c.report(lctx, job.key, err)
 		}
+		c.loads.finish(job.key, cl, r, err)
 	}()
+	r, err = job.run(lctx, timeout)
+}
+
+// run loads the job's key: it settles first how the load may store (taking
+// the lease on a miss, waiting for another process's lease with WithLock),
+// calls the loader, and stores the value under that guard. live reports,
+// once the loader has returned, whether the load's context is still live
+// and stops its timeout; a load past it stores nothing.
+func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error) {
+	c, key, p := j.c, j.key, j.p
+	from := j.from
+	var stale *result[T]
+	if from.v == vStale {
+		stale = &from.r
+	}
+	g, done, r, err := j.settle(ctx, from)
+	if done {
+		return r, err
+	}
+	v, err := protect(ctx, loaderCall[T]{j.ld, key}, callLoader[T])
+	// Stores and releases run under their own budget, not the load's
+	// deadline, which may be about to end.
+	sctx := context.WithoutCancel(ctx)
+	if !live() {
+		if g.kind == guardLease {
+			c.release(sctx, key, p, g.value)
+		}
+		return result[T]{}, c.loadEnded(ctx, key)
+	}
+	if err == nil && c.ptr && isNilPointer(v) {
+		err = ErrNilValue
+	}
+	switch {
+	case err == nil || errors.Is(err, DoNotCache):
+		p.stats.loads.Add(1)
+		r := result[T]{val: v, from: fromLoader}
+		if err == nil && g.kind != guardNone {
+			data, serr := c.storeLoaded(sctx, key, p, g, v)
+			if serr != nil {
+				if c.strict || errors.Is(serr, ErrSerialization) || errors.Is(serr, ErrTooLarge) {
+					return result[T]{}, serr
+				}
+				c.report(ctx, key, serr)
+			}
+			r.data = data
+		} else if g.kind == guardLease {
+			c.release(sctx, key, p, g.value)
+		}
+		if c.perCaller && r.data == nil {
+			// Not stored, so not serialized yet. (For raw T this is v's
+			// own slice; each caller copies it in deliver.)
+			data, merr := c.marshal(nil, v)
+			if merr != nil {
+				return result[T]{}, keyErr("load", key, merr)
+			}
+			r.data = data
+		}
+		return r, nil
+	case errors.Is(err, ErrNotFound):
+		p.stats.loads.Add(1)
+		switch {
+		case g.kind != guardNone && p.negativeTTL > 0:
+			if _, serr := c.storeGuarded(sctx, key, p, g, []byte{tombstone}, p.negativeTTL); serr != nil {
+				c.report(ctx, key, serr)
+			}
+		case g.kind == guardLease:
+			c.release(sctx, key, p, g.value)
+		}
+		return result[T]{}, ErrNotFound
+	default:
+		p.stats.loadErrors.Add(1)
+		if g.kind == guardLease {
+			c.release(sctx, key, p, g.value)
+		}
+		err = keyErr("load", key, err)
+		if stale != nil {
+			p.stats.staleServes.Add(1)
+			c.report(ctx, key, err)
+			s := *stale
+			s.stale = true
+			return s, nil
+		}
+		return result[T]{}, err
+	}
+}
+
+// settle decides, from what the key held when the load began, how the
+// load may store: the lease it takes on a miss, the digest of a value in
+// place, or nothing. It waits for another process's lease with WithLock.
+// done reports that the key turned out to hold a value (or a tombstone)
+// after all, which is then the load's result.
+func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, done bool, r result[T], err error) {
+	c, key, p := j.c, j.key, j.p
+	// own is the lease this load writes: on a miss, its token, which
+	// this process's readers that find it in Redis join by.
+	own, over := "", ""
+	if from.v == vMiss {
+		own = j.token
+	}
+	waited, reread := false, false
+	for range 5 {
+		switch from.v {
+		case vHit:
+			if j.refresh {
+				return guard{guardDigest, from.digest}, false, r, nil
+			}
+			// A value arrived while this load was settling.
+			from.r.from = fromRedis
+			return g, true, from.r, nil
+		case vTombstone:
+			return g, true, r, ErrNotFound
+		case vStale, vUndecodable:
+			return guard{guardDigest, from.digest}, false, r, nil
+		case vUnavailable:
+			c.report(ctx, key, from.err)
+			return guard{}, false, r, nil
+		case vLease:
+			if !reread {
+				// The lease may be that of a load of this process that
+				// has just ended (a reader joins a load of ours under
+				// way without coming here): read once more.
+				reread = true
+				from = c.reread(ctx, key, p)
+				if from.v == vLease && from.lease != j.token {
+					if cl := c.loads.running(key, from.lease); cl != nil {
+						r, err := wait(ctx, cl)
+						return g, true, r, err
+					}
+				}
+				if from.v != vLease {
+					continue
+				}
+			}
+			if c.lockWait <= 0 || (waited && over != "") {
+				return guard{}, false, r, nil
+			}
+			if !waited {
+				waited = true
+				from = c.awaitLease(ctx, key, p)
+				if from.v != vLease {
+					continue
+				}
+			}
+			// The lease outlived the wait: take it over.
+			over = from.lease
+			fallthrough
+		case vMiss:
+			if own == "" {
+				own = newLease()
+			}
+			ok, s, aerr := c.acquire(ctx, key, p, own, over)
+			switch {
+			case aerr != nil:
+				c.report(ctx, key, aerr)
+				return guard{}, false, r, nil
+			case ok || s == own:
+				return guard{guardLease, own}, false, r, nil
+			}
+			from = c.judge(key, p, s, nil, -1, true)
+			if from.v == vLease && from.lease != j.token {
+				// Another load of this process took the lease between
+				// this one's read and now: its value is as new as this
+				// one's would be.
+				if cl := c.loads.running(key, from.lease); cl != nil {
+					r, err := wait(ctx, cl)
+					return g, true, r, err
+				}
+			}
+		}
+	}
+	return guard{}, false, r, nil
+}
+
+// reread reads key again, for a load that must know what it holds now.
+func (c *Cache[T]) reread(ctx context.Context, key string, p *policy[T]) judgement[T] {
+	b := c.nodes.forKey(ctx, key)
+	if !b.allow() {
+		return judgement[T]{v: vUnavailable, err: circuitOpen("get", key)}
+	}
+	s, left, err := c.fetch(ctx, b, key, p)
+	return c.judge(key, p, s, err, left, true)
+}
+
+// storeLoaded encodes v and stores it under g. It returns the serialized
+// value when each caller decodes its own.
+func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g guard, v T) ([]byte, error) {
+	e, err := c.encode(ctx, key, p, v)
+	if err != nil {
+		return nil, err
+	}
+	var data []byte
+	if c.perCaller {
+		data = bytes.Clone(e.payload)
+	}
+	e.detach()
+	defer e.release()
+	if _, err := c.storeGuarded(ctx, key, p, g, e.stored, c.expiry(p, p.ttl)); err != nil {
+		return data, err
+	}
+	return data, nil
+}
+
+// isNilPointer reports whether v, of a pointer type T, is nil.
+func isNilPointer[T any](v T) bool { return *(*unsafe.Pointer)(unsafe.Pointer(&v)) == nil }
+
+// loaderCall is a loader and its key, for protect.
+type loaderCall[T any] struct {
+	ld  Loader[T]
+	key string
+}
+
+func callLoader[T any](ctx context.Context, l loaderCall[T]) (T, error) {
+	return l.ld.Load(ctx, l.key)
 }

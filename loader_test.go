@@ -45,41 +45,52 @@ func TestSurgeColdKeyLoadsOnce(t *testing.T) {
 		})))
 		tg.ResetStats(t)
 		var failed atomic.Int64
+		start := time.Now()
 		surge(20_000, func(int) {
 			got, err := c.Get(ctx, "cold")
 			if err != nil || got.ID != want.ID || len(got.Messages) != len(want.Messages) {
 				failed.Add(1)
 			}
 		})
+		took := time.Since(start)
 		if n := failed.Load(); n != 0 {
 			t.Fatalf("%d of 20000 callers did not get the value", n)
 		}
 		if n := loads.Load(); n != 1 {
 			t.Fatalf("loader called %d times, want 1", n)
 		}
-		if n := tg.CommandCount(t, "get"); n > 2 {
-			t.Fatalf("Redis GETs = %d, want at most 2", n)
+		// One GET per share window of arrivals (a read that finds the
+		// load's lease joins the load), and one inside each of the two
+		// lease scripts.
+		gets := tg.CommandCount(t, "get")
+		if limit := int64(took/packcache.DefaultShareWindow) + 4; gets > limit {
+			t.Fatalf("Redis GETs = %d over %v, want at most %d", gets, took, limit)
 		}
-		if n := tg.CommandCount(t, "set"); n != 1 {
-			t.Fatalf("Redis SETs = %d, want 1", n)
+		// The lease, then the value.
+		if n := tg.CommandCount(t, "set"); n != 2 {
+			t.Fatalf("Redis SETs = %d, want 2 (the lease and the value)", n)
 		}
+		t.Logf("20,000 callers in %v: %d GETs, 1 load", took, gets)
 		st := c.Stats()
 		if st.Loads != 1 || st.CoalescedWaits < 19_000 {
 			t.Fatalf("stats: loads %d coalesced %d", st.Loads, st.CoalescedWaits)
 		}
 
-		// The same surge on the now hot key: a handful of GETs at most.
+		// The same surge on the now hot key: one GET per share window of
+		// arrivals at most.
 		tg.ResetStats(t)
+		start = time.Now()
 		surge(20_000, func(int) {
 			if _, err := c.Get(ctx, "cold"); err != nil {
 				failed.Add(1)
 			}
 		})
+		took = time.Since(start)
 		if n := failed.Load(); n != 0 {
 			t.Fatalf("%d callers failed on the hot key", n)
 		}
-		if n := tg.CommandCount(t, "get"); n > 5 {
-			t.Fatalf("hot key surge issued %d GETs, want at most 5", n)
+		if n, limit := tg.CommandCount(t, "get"), int64(took/packcache.DefaultShareWindow)+2; n > limit {
+			t.Fatalf("hot key surge issued %d GETs over %v, want at most %d", n, took, limit)
 		}
 		if loads.Load() != 1 {
 			t.Fatal("hot key surge called the loader")
@@ -129,12 +140,14 @@ func TestSurgeAcrossProcessesWithLock(t *testing.T) {
 	})
 }
 
+// TestLockHolderDies: a process died while loading, leaving its lease. With
+// WithLock, a Get waits for the lease to give way for up to its wait, then
+// takes it over, loads and stores; waiting is bounded by its context.
 func TestLockHolderDies(t *testing.T) {
-	srv, rdb := single(t)
-	redistest.RequireReal(t, srv, "a lock that expires in real time (miniredis keeps time still)")
+	_, rdb := single(t)
 	ctx := ctxT(t)
-	// A dead process's lock: nobody will store the value or release it.
-	rdb.Set(ctx, "k:packcache-lock", "someone-else", 300*time.Millisecond)
+	dead := "\x0cdead-process-token"
+	rdb.Set(ctx, "k", dead, time.Minute)
 	c := mustNew[Channel](t, rdb, packcache.WithLock(300*time.Millisecond), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		return Channel{ID: "fresh"}, nil
 	})))
@@ -144,14 +157,20 @@ func TestLockHolderDies(t *testing.T) {
 		t.Fatalf("Get = %v, %v", got, err)
 	}
 	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
-		t.Fatalf("took %v, want about the lease", d)
+		t.Fatalf("took %v, want about the wait", d)
+	}
+	if raw := rawGet(t, rdb, "k"); raw[0] == codec.HeaderLease {
+		t.Fatalf("the dead lease is still there: %q", raw)
+	}
+	if st := c.Stats(); st.LockWaits != 1 || st.Sets != 1 {
+		t.Fatalf("stats: %d lock waits, %d sets", st.LockWaits, st.Sets)
 	}
 	// Waiting is bounded by the caller's context.
-	rdb.Set(ctx, "j:packcache-lock", "someone-else", time.Minute)
+	rdb.Set(ctx, "j", dead, time.Minute)
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if _, err := c.Get(short, "j"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Get with a held lock and a short deadline: %v", err)
+		t.Fatalf("Get with a held lease and a short deadline: %v", err)
 	}
 }
 
@@ -590,12 +609,16 @@ func TestSurgeBackgroundContext(t *testing.T) {
 	_, rdb := single(t)
 	want := makeChannel(5, 64<<10)
 	var loads atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+	// 2,000 goroutines decoding 64 KB each, under the race detector on two
+	// cores, can leave a reply unread for more than the default Redis
+	// budget: this test is not about the budget.
+	budget := packcache.WithRedisTimeout(time.Minute)
+	c := mustNew[Channel](t, rdb, budget, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		loads.Add(1)
 		time.Sleep(20 * time.Millisecond)
 		return want, nil
 	})))
-	plain := mustNew[Channel](t, rdb)
+	plain := mustNew[Channel](t, rdb, budget)
 	for _, round := range []string{"cold", "warm"} {
 		var wrong atomic.Int64
 		surge(2000, func(i int) {
@@ -610,7 +633,9 @@ func TestSurgeBackgroundContext(t *testing.T) {
 				}
 			}
 			if err != nil || !reflect.DeepEqual(got, want) {
-				wrong.Add(1)
+				if wrong.Add(1) == 1 {
+					t.Logf("%s: caller %d: %v (got %d messages)", round, i, err, len(got.Messages))
+				}
 			}
 		})
 		if wrong.Load() != 0 {

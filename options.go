@@ -15,45 +15,69 @@ const (
 	DefaultCompressAbove = 1024             // bytes of serialized value
 	DefaultTTL           = time.Hour        // expiry of stored values
 	DefaultMaxValueSize  = 64 << 20         // bytes, decoded
-	DefaultLoadTimeout   = 30 * time.Second // bound on a shared load
+	DefaultLoadTimeout   = 30 * time.Second // bound on a load
+	DefaultRedisTimeout  = time.Second      // bound on each Redis call
 	DefaultShareWindow   = 10 * time.Millisecond
 )
 
-// NoExpiration, as a TTL, stores values without an expiry.
-const NoExpiration time.Duration = -1
+// Off, as a Policy field or as the argument of the options that take it,
+// turns a setting off: no expiry (TTL; the same as NoExpiration), no
+// compression (CompressAbove), no minimum saving beyond one byte
+// (MinSaving), no jitter, no negative caching, no early refresh, no stale
+// window.
+const Off = -1
+
+// NoExpiration, as a TTL, stores values without an expiry. It is Off.
+const NoExpiration time.Duration = Off
+
+// CompressAll, as CompressAbove, compresses every non-empty value however
+// small (still storing it plain when compression does not save MinSaving
+// bytes). WithCompressAbove(0) means the same.
+const CompressAll = -2
+
+// NoLoader, as a Policy's Loader, turns read-through off for the prefix
+// when the cache has a loader: Get returns ErrMiss for its keys.
+var NoLoader any = noLoader{}
+
+type noLoader struct{}
 
 // A Policy tunes how the cache stores the keys under one prefix; see
-// WithPrefix. A zero field inherits the cache's setting.
+// WithPrefix.
+//
+// Every field follows one rule: its zero value inherits the cache's
+// setting, Off turns the setting off for the prefix, and any other value
+// sets it. CompressAbove also takes CompressAll, and Loader takes
+// NoLoader. Values outside these are an error in New.
 type Policy struct {
 	// Codec compresses values above CompressAbove. codec.None stores every
 	// value plain.
 	Codec codec.Codec
 
 	// CompressAbove is the serialized size in bytes above which a value is
-	// compressed; values at or below it are stored plain. A negative value
-	// compresses every value.
+	// compressed; values at or below it are stored plain. CompressAll
+	// compresses every value, Off none.
 	CompressAbove int
 
 	// MinSaving is the number of bytes compression must save for the
 	// compressed form to be stored; otherwise the value is stored plain.
-	// The default is 1: any saving at all.
+	// The cache's default is 1 (any saving at all), which Off also means.
 	MinSaving int
 
-	// TTL is how long a stored value lives. NoExpiration keeps it until it
-	// is deleted or evicted.
+	// TTL is how long a stored value lives. NoExpiration (Off) keeps it
+	// until it is deleted or evicted.
 	TTL time.Duration
 
-	// TTLJitter, a fraction in [0, 1), shortens each value's TTL by a
+	// TTLJitter, a fraction in (0, 1), shortens each value's TTL by a
 	// random part of up to that fraction, so keys written together do not
 	// expire together. A TTL never grows past the one configured.
 	TTLJitter float64
 
 	// Loader loads values missing under this prefix; it must be a
-	// Loader[T] for the cache's T, or New fails. See WithLoader.
+	// Loader[T] for the cache's T, or New fails. See WithLoader. NoLoader
+	// turns read-through off for the prefix.
 	Loader any
 
-	// NegativeTTL is how long a loader's ErrNotFound is remembered. Zero
-	// inherits; a negative value disables negative caching.
+	// NegativeTTL is how long a loader's ErrNotFound is remembered.
 	NegativeTTL time.Duration
 
 	// RefreshAfter, with a loader, makes a Get of a value older than this
@@ -76,12 +100,13 @@ type config struct {
 	serializer   Serializer
 	maxValueSize int
 	loadTimeout  time.Duration
+	redisTimeout time.Duration
 	coalesce     bool
 	shareWindow  time.Duration
 	perCaller    bool
 	strict       bool
 	errorHandler func(ctx context.Context, key string, err error)
-	lock         time.Duration
+	lockWait     time.Duration
 	breaker      breakerConfig
 }
 
@@ -97,12 +122,17 @@ func defaultConfig() config {
 			CompressAbove: DefaultCompressAbove,
 			MinSaving:     1,
 			TTL:           DefaultTTL,
-			NegativeTTL:   -1,
+			TTLJitter:     Off,
+			NegativeTTL:   Off,
+			RefreshAfter:  Off,
+			StaleFor:      Off,
+			Loader:        NoLoader,
 		},
 		prefixes:     map[string]Policy{},
 		serializer:   JSON,
 		maxValueSize: DefaultMaxValueSize,
 		loadTimeout:  DefaultLoadTimeout,
+		redisTimeout: DefaultRedisTimeout,
 		coalesce:     true,
 		shareWindow:  DefaultShareWindow,
 		breaker:      breakerConfig{failures: 5, cooldown: time.Second},
@@ -124,16 +154,17 @@ func WithCodec(c codec.Codec) Option {
 
 // WithCompressAbove sets the serialized size in bytes above which values
 // are compressed; values at or below it are stored plain. The default is
-// DefaultCompressAbove. Zero compresses every non-empty value.
+// DefaultCompressAbove. Zero (or CompressAll) compresses every non-empty
+// value; Off compresses none.
 func WithCompressAbove(n int) Option {
 	return func(cfg *config) error {
-		if n < 0 {
+		switch {
+		case n == 0:
+			n = CompressAll
+		case n < 0 && n != Off && n != CompressAll:
 			return fmt.Errorf("WithCompressAbove: negative size %d", n)
 		}
 		cfg.base.CompressAbove = n
-		if n == 0 {
-			cfg.base.CompressAbove = -1
-		}
 		return nil
 	}
 }
@@ -170,6 +201,9 @@ func WithTTLJitter(f float64) Option {
 		if !(f >= 0 && f < 1) {
 			return fmt.Errorf("WithTTLJitter: %v is not in [0, 1)", f)
 		}
+		if f == 0 {
+			f = Off
+		}
 		cfg.base.TTLJitter = f
 		return nil
 	}
@@ -205,7 +239,8 @@ func WithMaxValueSize(n int) Option {
 
 // WithPrefix sets the policy for keys that begin with prefix. Where
 // prefixes nest, the longest that matches a key wins; fields left zero
-// inherit the cache's options. Setting one prefix twice is an error.
+// inherit the cache's options (not a shorter prefix's). Setting one prefix
+// twice is an error.
 func WithPrefix(prefix string, p Policy) Option {
 	return func(cfg *config) error {
 		if prefix == "" {
@@ -261,10 +296,10 @@ func WithStaleFor(d time.Duration) Option {
 	}
 }
 
-// WithLoadTimeout bounds the work shared by coalesced callers (a Redis read
-// and decode, or a load and store). It runs detached from any one caller's
-// cancellation, so it needs a bound of its own; the default is
-// DefaultLoadTimeout.
+// WithLoadTimeout bounds each load: the loader's context ends after d, and
+// the callers waiting for a load that has not returned by then get an error
+// matching ErrLoadTimeout. Nothing is stored for such a load, even if the
+// loader returns a value afterwards. The default is DefaultLoadTimeout.
 func WithLoadTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
 		if d <= 0 {
@@ -275,28 +310,45 @@ func WithLoadTimeout(d time.Duration) Option {
 	}
 }
 
+// WithRedisTimeout sets the cache's time budget for each Redis call it
+// makes (a GET, a pipeline, a SET, a lease script): past it the call fails
+// with an error matching ErrRedis and context.DeadlineExceeded, a
+// read-through caller is answered from the loader, and the circuit breaker
+// counts a failure of the node. The default is DefaultRedisTimeout. A
+// caller's own earlier deadline still applies.
+//
+// The budget reaches the network only if the client honours context
+// deadlines: New fails for a go-redis client whose ContextTimeoutEnabled
+// is false.
+func WithRedisTimeout(d time.Duration) Option {
+	return func(cfg *config) error {
+		if d <= 0 {
+			return fmt.Errorf("WithRedisTimeout: %v is not positive", d)
+		}
+		cfg.redisTimeout = d
+		return nil
+	}
+}
+
 // WithCoalescing turns coalescing of concurrent Gets of one key on (the
 // default) or off.
 func WithCoalescing(on bool) Option {
 	return func(cfg *config) error { cfg.coalesce = on; return nil }
 }
 
-// WithShareWindow sets how long a value that coalesced callers shared
-// stays shared with callers of the same key that arrive after the read or
-// load ended; the default is DefaultShareWindow. A surge's callers do not
-// all arrive within one Redis read: with a window, the whole surge costs
-// one read and one decode instead of one per read's length of arrivals. A
-// value that took longer than d to make (a load, typically) stays shared
-// for as long as it took, up to a second. While callers keep coming within
-// d of one another, the window slides on, up to ten times d after the read
-// ended: a surge shares one read until it ebbs, while a lone caller that
-// comes later than d reads afresh.
+// WithShareWindow sets the share window, DefaultShareWindow by default:
+// a Get shares the read (and decode, and load) of another Get of the same
+// key begun at most d before it, whether that read is still in flight or
+// has ended, so the value it gets is never from a read sent more than d
+// before its own would have been. Zero shares only reads still in flight:
+// concurrent callers coalesce, and a Get that comes after a read ended
+// reads afresh.
 //
-// The price: a caller may get a value older than what Redis holds, by up to
-// ten times the window (or the load's duration, at most a second), if
-// another process wrote the key meanwhile. A Set or Delete through this cache ends
-// the window for its key at once. Zero turns the window off: then only
-// callers that overlap share.
+// A surge's callers do not all arrive within one Redis read: with a
+// window, a surge costs one read and one decode per window instead of one
+// per read's length of arrivals. The price is that a Get may miss a write
+// made by another process up to d earlier. A Set or Delete through this
+// cache ends the window for its key at once.
 func WithShareWindow(d time.Duration) Option {
 	return func(cfg *config) error {
 		if d < 0 {
@@ -330,26 +382,36 @@ func WithErrorHandler(f func(ctx context.Context, key string, err error)) Option
 	return func(cfg *config) error { cfg.errorHandler = f; return nil }
 }
 
-// WithLock makes processes that miss the same key at the same time take
-// turns through a Redis lock (SET NX PX with a random token, released only
-// by its owner), so that one process loads and the others wait for its
-// value. lease bounds how long a dead holder can keep others waiting; it
-// should exceed the usual load time.
-func WithLock(lease time.Duration) Option {
+// WithLock makes a read-through Get that finds another process loading the
+// key (its lease, see Loader) wait for that process's value instead of
+// loading it again: it polls Redis with backoff for up to wait. If the
+// lease is still there after wait (its holder died or is slow), the Get
+// takes the lease over and loads and stores the value itself; the former
+// holder's value is then not stored. wait should exceed the usual load
+// time.
+//
+// Without WithLock, such a Get loads the value itself and returns it
+// without storing it, so every process that misses at once loads once.
+func WithLock(wait time.Duration) Option {
 	return func(cfg *config) error {
-		if lease < time.Millisecond {
-			return fmt.Errorf("WithLock: lease %v is under a millisecond", lease)
+		if wait < time.Millisecond {
+			return fmt.Errorf("WithLock: wait %v is under a millisecond", wait)
 		}
-		cfg.lock = lease
+		cfg.lockWait = wait
 		return nil
 	}
 }
 
-// WithCircuitBreaker sets how many consecutive Redis failures open the
-// circuit breaker and how long it stays open before one call probes Redis
-// again. While it is open, calls do not wait on Redis: read-through calls
-// answer from the loader, the others fail with ErrCircuitOpen. The default
-// is 5 failures and one second; failures of 0 turns the breaker off.
+// WithCircuitBreaker sets how many consecutive failures of a Redis node
+// open its circuit breaker and how long it stays open before one call
+// probes the node again. There is one breaker per node: per master on a
+// Redis Cluster. While a node's breaker is open, calls for its keys do not
+// wait on it: read-through calls answer from the loader, the others fail
+// with ErrCircuitOpen. A failure is the node's own: a network error, a
+// refused connection, a reply such as LOADING or CLUSTERDOWN, or the
+// WithRedisTimeout budget running out; never a caller's context ending.
+// The default is 5 failures and one second; failures of 0 turns the
+// breaker off.
 func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 	return func(cfg *config) error {
 		if failures < 0 || (failures > 0 && cooldown <= 0) {
@@ -367,20 +429,26 @@ func checkTTL(what string, d time.Duration) error {
 	return nil
 }
 
+// check reports fields outside the one rule: zero, Off or a valid value.
 func (p Policy) check() error {
 	if p.TTL != 0 {
 		if err := checkTTL("TTL", p.TTL); err != nil {
 			return err
 		}
 	}
-	if p.MinSaving < 0 {
-		return fmt.Errorf("MinSaving %d is negative", p.MinSaving)
+	if p.CompressAbove < 0 && p.CompressAbove != Off && p.CompressAbove != CompressAll {
+		return fmt.Errorf("CompressAbove %d is neither a size, Off nor CompressAll", p.CompressAbove)
 	}
-	if !(p.TTLJitter >= 0 && p.TTLJitter < 1) {
-		return fmt.Errorf("TTLJitter %v is not in [0, 1)", p.TTLJitter)
+	if p.MinSaving < 0 && p.MinSaving != Off {
+		return fmt.Errorf("MinSaving %d is neither a size nor Off", p.MinSaving)
 	}
-	if p.RefreshAfter < 0 || p.StaleFor < 0 {
-		return errors.New("RefreshAfter and StaleFor must not be negative")
+	if p.TTLJitter != Off && !(p.TTLJitter >= 0 && p.TTLJitter < 1) {
+		return fmt.Errorf("TTLJitter %v is neither Off nor in [0, 1)", p.TTLJitter)
+	}
+	for name, d := range map[string]time.Duration{"NegativeTTL": p.NegativeTTL, "RefreshAfter": p.RefreshAfter, "StaleFor": p.StaleFor} {
+		if d < 0 && d != Off {
+			return fmt.Errorf("%s %v is neither a duration nor Off", name, d)
+		}
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package packcache
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"time"
 	"unsafe"
@@ -12,120 +14,86 @@ import (
 	"github.com/packcache/packcache/codec"
 )
 
-func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
-	f := flight[T]{c: c, key: key, p: p, ld: ld}
-	if !c.coalesce {
-		var r result[T]
-		err := lookup(ctx, f, &r)
-		return c.deliver(key, p, r, err)
-	}
-	g := &c.lookups
-	if ld != nil {
-		g = &c.reads
-	}
-	r, err, shared := g.do(ctx, key, f, c.lookupFn)
-	if shared {
-		p.stats.coalescedWaits.Add(1)
-	}
-	return c.deliver(key, p, r, err)
+// A verdict is what a stored value means to a reader.
+type verdict uint8
+
+const (
+	vHit         verdict = iota // a value, decoded
+	vStale                      // a value past its TTL, kept only for StaleFor
+	vTombstone                  // a remembered ErrNotFound
+	vLease                      // a load is in progress somewhere
+	vMiss                       // nothing stored
+	vUndecodable                // bytes this reader cannot decode
+	vUnavailable                // Redis failed, or the node's breaker is open
+)
+
+// A judgement is a verdict with what the reader needs to act on it.
+type judgement[T any] struct {
+	v       verdict
+	r       result[T] // vHit and vStale: the value
+	err     error     // vUndecodable and vUnavailable: why, as an *Error
+	lease   string    // vLease: the lease value seen
+	digest  string    // vStale, vUndecodable, and a vHit due for refresh: the stored bytes' SHA-1
+	refresh bool      // vHit: old enough for a background refresh
 }
 
-// deliver counts a caller's outcome and gives it its value.
-func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error) (T, error) {
+// judge is the one place that decides what a stored value means. It turns
+// a Redis reply for key (s and err, and left, the time the value has to
+// live, or -1 when unknown or unlimited) into a judgement, decoding the
+// value. Get, GetOrLoad, GetMany, GetOrLoadMany and the loads all use it.
+// readThrough says whether the caller has a loader: only then is a digest
+// (for a guarded reload) or a refresh worth computing.
+func (c *Cache[T]) judge(key string, p *policy[T], s string, err error, left time.Duration, readThrough bool) judgement[T] {
 	switch {
-	case err == nil:
-		if r.from == fromRedis {
-			p.stats.hits.Add(1)
-		} else {
-			p.stats.misses.Add(1)
-		}
-	case errors.Is(err, ErrMiss):
-		p.stats.misses.Add(1)
-	case errors.Is(err, ErrNotFound):
-		p.stats.notFoundHits.Add(1)
+	case err == redis.Nil:
+		return judgement[T]{v: vMiss}
+	case err != nil:
+		return judgement[T]{v: vUnavailable, err: err}
+	case len(s) == 1 && s[0] == codec.HeaderTombstone:
+		return judgement[T]{v: vTombstone}
+	case len(s) > 0 && s[0] == codec.HeaderLease:
+		return judgement[T]{v: vLease, lease: s}
 	}
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	if r.data == nil {
-		return r.val, nil
-	}
-	var v T
-	if err := c.unmarshal(r.data, &v); err != nil {
-		return v, keyErr("get", key, err)
-	}
-	return v, nil
-}
-
-// lookup is the work one Get does, shared by the callers that coalesce: read
-// Redis and decode into r; on a miss or an undecodable value, load and
-// store.
-func lookup[T any](ctx context.Context, f flight[T], r *result[T]) error {
-	c, key, p, ld := f.c, f.key, f.p, f.ld
-	redisUp := c.breaker.allow()
-	if redisUp {
-		left, err := c.fetch(ctx, key, p, r)
-		switch {
-		case err == nil:
-			if p.expired(left) {
-				if ld == nil {
-					*r = result[T]{}
-					return ErrMiss
-				}
-				s := *r
-				f.stale = &s
-				break
-			}
-			if ld != nil && p.RefreshAfter > 0 && left >= 0 && p.TTL+p.StaleFor-left >= p.RefreshAfter {
-				c.refresh(ctx, key, p, ld)
-			}
-			return nil
-		case errors.Is(err, ErrMiss):
-			if ld == nil {
-				return ErrMiss
-			}
-		case errors.Is(err, ErrNotFound):
-			return ErrNotFound
-		case errors.Is(err, ErrRedis):
-			if ld == nil || c.strict {
-				return err
-			}
-			c.report(ctx, key, err)
-			redisUp = false
-		default: // undecodable
-			if ld == nil {
-				return err
-			}
-			c.report(ctx, key, err)
-		}
+	var j judgement[T]
+	if derr := c.decode(key, bytesOf(s), &j.r); derr != nil {
+		p.stats.decodeErrors.Add(1)
+		j.v, j.err = vUndecodable, derr
+	} else if p.staleFor > 0 && left >= 0 && left <= p.staleFor {
+		j.v = vStale
 	} else {
-		if ld == nil || c.strict {
-			return keyErr("get", key, &kindError{ErrRedis, ErrCircuitOpen})
-		}
+		j.refresh = readThrough && p.refreshAfter > 0 && left >= 0 && p.ttl+p.staleFor-left >= p.refreshAfter
 	}
-	f.redisUp = redisUp
-	if !c.coalesce {
-		return loadFlight(ctx, f, r)
+	if readThrough && (j.v != vHit || j.refresh) {
+		j.digest = digest(s)
 	}
-	// The load runs detached from this caller, who may leave, while the
-	// callers sharing this read, and later ones, wait for it.
-	var err error
-	*r, err, _ = c.loads.start(ctx, key, detach(ctx, c.closed, c.timeout), f, c.loadFlightFn)
-	return err
+	return j
 }
 
-// fetch reads key from Redis and decodes it into r. left is the time the
-// value has to live, or -1 when it was not asked for or the value has no
-// expiry.
-func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], r *result[T]) (left time.Duration, err error) {
+// digest is the SHA-1 of a stored value in hex, as Redis's redis.sha1hex
+// computes it, for compare-and-set.
+func digest(s string) string {
+	sum := sha1.Sum(bytesOf(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// bytesOf views s as bytes without copying it. The string is a Redis reply
+// that is ours alone and is only read: copying a value that may be
+// megabytes would be waste.
+func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// fetch reads key from Redis under the cache's time budget: the value, and
+// with left the time it has to live when the policy needs it (-1
+// otherwise, or when it has no expiry). It tells b, key's node's breaker,
+// what the read says of the node.
+func (c *Cache[T]) fetch(ctx context.Context, b *breaker, key string, p *policy[T]) (s string, left time.Duration, err error) {
+	rctx, cancel := c.budget(ctx)
+	defer cancel()
 	left = -1
-	var s string
-	if p.RefreshAfter > 0 || p.StaleFor > 0 {
+	if p.refreshAfter > 0 || p.staleFor > 0 {
 		pipe := c.rdb.Pipeline()
-		get := pipe.Get(ctx, key)
-		pttl := pipe.PTTL(ctx, key)
-		pipe.Exec(ctx) // each command carries its own error
+		get := pipe.Get(rctx, key)
+		pttl := pipe.PTTL(rctx, key)
+		_, _ = pipe.Exec(rctx) // each command carries its own error
 		s, err = get.Result()
 		if err == nil {
 			if d, perr := pttl.Result(); perr == nil && d > 0 {
@@ -133,34 +101,29 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], r *resul
 			}
 		}
 	} else {
-		s, err = c.rdb.Get(ctx, key).Result()
+		s, err = c.rdb.Get(rctx, key).Result()
 	}
-	if err != nil {
-		if err == redis.Nil {
-			c.breaker.success()
-			return left, ErrMiss
-		}
-		c.redisFailed(p, err)
-		return left, keyErr("get", key, redisErr(err))
+	b.feed(judgeRedis(ctx, err))
+	if err != nil && err != redis.Nil {
+		p.stats.redisErrors.Add(1)
+		err = keyErr("get", key, redisErr(err))
 	}
-	c.breaker.success()
-	return left, c.view(key, p, s, r)
+	return s, left, err
 }
 
-// view decodes a Redis reply into r: ErrNotFound for a tombstone, a
-// counted decode error for a value it cannot decode.
-func (c *Cache[T]) view(key string, p *policy[T], s string, r *result[T]) error {
-	// The string is ours alone and is only read: view it as bytes rather
-	// than copy a value that may be megabytes.
-	data := unsafe.Slice(unsafe.StringData(s), len(s))
-	if len(data) == 1 && data[0] == tombstone {
-		return ErrNotFound
+// budget returns the context for one Redis call made for ctx: ctx bounded
+// by the cache's Redis time budget, unless ctx's own deadline comes first.
+func (c *Cache[T]) budget(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= c.redisTimeout {
+		return ctx, func() {}
 	}
-	err := c.decode(key, data, r)
-	if err != nil {
-		p.stats.decodeErrors.Add(1)
-	}
-	return err
+	return context.WithTimeout(ctx, c.redisTimeout)
+}
+
+// circuitOpen is the error of a call that did not try key's node because
+// its breaker is open.
+func circuitOpen(op, key string) error {
+	return keyErr(op, key, &kindError{ErrRedis, ErrCircuitOpen})
 }
 
 // decode turns a stored value into a result, written into r: the caller's
@@ -187,16 +150,23 @@ func (c *Cache[T]) decode(key string, data []byte, r *result[T]) error {
 		*(*[]byte)(unsafe.Pointer(&r.val)) = b
 		return nil
 	}
-	buf := getBuf()
-	defer putBuf(buf)
-	payload, err := codec.DecodeValue((*buf)[:0], data, c.maxSize)
-	if err != nil {
-		return keyErr("get", key, err)
-	}
-	if !codec.Plain(data) && cap(payload) > cap(*buf) {
-		// Keep the grown buffer. (A plain payload is the Redis reply
-		// itself, which must never reach the pool.)
-		*buf = payload[:0]
+	var payload []byte
+	if codec.Plain(data) || len(data) == 0 {
+		// A plain value is its own payload: no buffer needed.
+		var err error
+		if payload, err = codec.DecodeValue(nil, data, c.maxSize); err != nil {
+			return keyErr("get", key, err)
+		}
+	} else {
+		buf := getBuf()
+		defer putBuf(buf)
+		var err error
+		if payload, err = codec.DecodeValue((*buf)[:0], data, c.maxSize); err != nil {
+			return keyErr("get", key, err)
+		}
+		if cap(payload) > cap(*buf) {
+			*buf = payload[:0] // keep the grown buffer
+		}
 	}
 	if c.perCaller {
 		r.data = bytes.Clone(payload)
@@ -220,4 +190,33 @@ func (c *Cache[T]) unmarshal(data []byte, v *T) error {
 		return serializationErr(err)
 	}
 	return nil
+}
+
+// deliver counts a caller's outcome and gives it its value: its own copy
+// when each caller decodes its own.
+func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error) (T, error) {
+	switch {
+	case err == nil:
+		if r.from == fromRedis {
+			p.stats.hits.Add(1)
+		} else {
+			p.stats.misses.Add(1)
+		}
+	case errors.Is(err, ErrMiss):
+		p.stats.misses.Add(1)
+	case errors.Is(err, ErrNotFound):
+		p.stats.notFoundHits.Add(1)
+	}
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	if r.data == nil {
+		return r.val, nil
+	}
+	var v T
+	if err := c.unmarshal(r.data, &v); err != nil {
+		return v, keyErr("get", key, err)
+	}
+	return v, nil
 }

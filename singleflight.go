@@ -5,7 +5,6 @@ import (
 	"errors"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -13,215 +12,189 @@ import (
 // runtime.Goexit: they must not wait forever for a result that never comes.
 var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 
-// A group coalesces concurrent calls that share a key: the first starts the
-// work, later ones wait for its result. It is modelled on
-// golang.org/x/sync/singleflight, typed, and differs in three ways:
+// A group coalesces concurrent work on one key: the first caller starts
+// it, later ones wait for its result. It is modelled on
+// golang.org/x/sync/singleflight, typed, and differs in these ways:
 //
 //   - every caller, the first included, waits under its own context and
 //     can leave when it ends, while the work goes on for the others;
-//   - work runs detached from the first caller's cancellation, on a
-//     goroutine of its own (do: bounded by the Redis client's timeouts,
-//     or on the first caller's goroutine when its context cannot end;
-//     start: bounded by a timeout of its own, for a load);
-//   - a result can stay shared for a while after the work ends (hold), so
-//     that a surge whose callers straggle in still costs one piece of work.
+//   - the work runs detached from the first caller's cancellation, on a
+//     goroutine of its own (or on the first caller's, when its context
+//     cannot end);
+//   - which callers may share a piece of work is the group's rule: within
+//     the share window of the moment the work began (see share.go), or,
+//     for loads, only callers that saw that very load's lease in Redis;
+//   - forget detaches work from new callers, for writes.
+//
+// V is the result; A is what the work function takes, passed by value so
+// that the uncontended path allocates no closure.
 type group[V, A any] struct {
-	mu   sync.RWMutex
-	m    map[string]*call[V]
-	held []heldCall[V] // results still shared, in the order they finished
-	wg   *sync.WaitGroup
+	mu sync.Mutex
+	m  map[string]*call[V] // the latest call of each key
+	share[V]
 
-	// hold says how long a finished call's result, which took the given
-	// time to make, stays shared (nil or a zero duration: not at all).
-	hold func(v V, err error, took time.Duration) time.Duration
+	// byToken indexes loads under way by key and token (see loadToken):
+	// several loads of one key can be under way, each from a state of its
+	// own, and a reader joins the one whose lease it found. (A token alone
+	// is not unique: two keys can hold the same bytes, and "down" is every
+	// key's token while Redis is down.)
+	byToken map[tokenKey]*call[V]
 
-	// slide extends a held result's time by this much past each caller
-	// that takes it, up to slideCap after the work ended (or the hold, if
-	// longer): a surge whose callers keep coming shares one result until
-	// it ebbs, while a lone later caller still reads afresh.
-	slide, slideCap time.Duration
+	// spawn, if set, is asked before work starts on a goroutine of its
+	// own; false (the cache is closing) runs it on the caller's.
+	spawn func() bool
+	// done is called when such a goroutine ends.
+	done func()
 }
 
-// A call is one unit of shared work. Its fields other than val and err
-// are guarded by the group's mutex; val and err are final once finished is
-// set (and done, if made, is closed).
+// A call is one unit of shared work. finished, done and the fields of
+// share are guarded by the group's mutex; val and err are written once,
+// under it, before finished is set and done closed.
 type call[V any] struct {
 	done     chan struct{} // made by the first caller that must wait; nil until then
 	finished bool
 	val      V
 	err      error
-	started  int64        // unix nanoseconds the work began
-	expires  atomic.Int64 // unix nanoseconds a held result stops being shared; 0 while running
-	capAt    int64        // unix nanoseconds past which sliding cannot extend expires
+	began    int64    // unix nanoseconds the work began
+	token    string   // for loads: the state the load began from; joins must match it
+	detached bool     // a write came after it began: no one may join it
+	prev     *call[V] // for loads: the call of the key under way when this one began
 }
 
-type heldCall[V any] struct {
-	key string
-	c   *call[V]
-}
-
-// join returns the call under way (or held) for key, or registers a new
-// one. Every caller that joins will wait, so it gets a channel to wait on;
-// the caller that registers the call needs one only if it will wait too
-// (leaderWaits) rather than do the work itself, which spares an allocation
-// on the common, uncontended path. g.mu must be held.
-func (g *group[V, A]) join(key string, now int64, leaderWaits bool) (*call[V], bool) {
-	g.expire(now)
+// acquire returns the call for key that a caller arriving at now may
+// share, and true; or registers a new call and returns it and false. A load
+// (token != "") is shared only by callers that saw its lease. leaderWaits
+// says whether a caller that registers the call will wait on it rather
+// than do the work: waiters need a channel, the uncontended leader none.
+func (g *group[V, A]) acquire(key string, now int64, token string, leaderWaits bool) (*call[V], bool) {
+	g.mu.Lock()
+	g.expire(now, g.m)
 	if g.m == nil {
 		g.m = make(map[string]*call[V])
 	}
-	c, ok := g.m[key]
-	if ok && c.finished && !g.take(c, now) {
-		ok = false
+	var c *call[V]
+	var ok bool
+	if token != "" {
+		c, ok = g.byToken[tokenKey{key, token}]
+		ok = ok && !c.finished && !c.detached
+	} else {
+		c, ok = g.m[key]
+		ok = ok && g.joinable(c, now)
 	}
 	if !ok {
-		c = &call[V]{started: now}
+		c = &call[V]{began: now, token: token}
+		if token != "" {
+			if prev := g.m[key]; prev != nil && !prev.finished {
+				c.prev = prev
+			}
+			if g.byToken == nil {
+				g.byToken = make(map[tokenKey]*call[V])
+			}
+			g.byToken[tokenKey{key, token}] = c
+		}
 		g.m[key] = c
-		ok = false
 	}
 	if (ok || leaderWaits) && !c.finished && c.done == nil {
 		c.done = make(chan struct{})
 	}
+	g.mu.Unlock()
 	return c, ok
 }
 
-// expire forgets held results whose time is over. It sweeps the list only
-// once the oldest has expired: holds differ in length and slide, so a
-// later one may expire first and wait for the oldest, a delay bounded by
-// the longest hold and the slide cap. g.mu must be held.
-func (g *group[V, A]) expire(now int64) {
-	if len(g.held) == 0 || g.held[0].c.expires.Load() > now {
-		return
-	}
-	live := g.held[:0]
-	for _, h := range g.held {
-		if h.c.expires.Load() > now {
-			live = append(live, h)
-		} else if g.m[h.key] == h.c {
-			delete(g.m, h.key)
-		}
-	}
-	clear(g.held[len(live):])
-	g.held = live
-}
-
-// do returns the result of fn for key; later callers of key wait for
-// that result or until their own context ends. If the first caller's
-// context can end, fn runs on a goroutine of its own under a context that
-// keeps ctx's values but not its cancellation (fn must bound itself, as
-// Redis calls are by the client's timeouts), so the first caller can leave
-// like any other without failing the rest. If it cannot end, fn runs on the
-// caller's goroutine, which costs nothing extra.
+// do returns the result of fn for key, shared as the group's rule allows.
+// If the first caller's context can end, fn runs on a goroutine of its own
+// under a context that keeps ctx's values but not its cancellation (fn
+// must bound itself), so the first caller can leave like any other without
+// failing the rest. If it cannot end, fn runs on the caller's goroutine.
 //
-// fn gets a, and writes its result through its last argument: passing the
-// arguments rather than capturing them in a closure, and writing into the
-// call rather than returning a value whose address escapes, keeps the
-// uncontended path free of allocations of its own.
-func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.Context, A, *V) error) (v V, err error, shared bool) {
-	if v, err, ok := g.lookHeld(key); ok {
-		return v, err, true
-	}
+// joining, if not nil, is asked before a caller waits for work already
+// under way; an error it returns is the caller's result. It catches a
+// loader waiting for its own load.
+func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.Context, A) (V, error), joining func(context.Context, string) error) (v V, err error, shared bool) {
 	done := ctx.Done()
-	g.mu.Lock()
-	c, joined := g.join(key, time.Now().UnixNano(), done != nil)
-	if !joined && done != nil {
-		g.wg.Add(1)
-	}
-	g.mu.Unlock()
+	c, joined := g.acquire(key, time.Now().UnixNano(), "", done != nil)
 	switch {
 	case joined:
-	case done == nil:
+		if joining != nil && !c.finishedNow(&g.mu) {
+			if err := joining(ctx, key); err != nil {
+				var zero V
+				return zero, err, true
+			}
+		}
+	case done == nil || (g.spawn != nil && !g.spawn()):
 		g.lead(ctx, key, c, a, fn)
 		return c.val, c.err, false
 	default:
-		go g.run(key, c, func() (context.Context, context.CancelFunc) {
-			return context.WithoutCancel(ctx), func() {}
-		}, a, fn)
+		go g.run(context.WithoutCancel(ctx), key, c, a, fn)
 	}
 	v, err = wait(ctx, c)
 	return v, err, joined
 }
 
-// lookHeld returns the held result for key, if any, under the read lock
-// only: in a surge, almost every caller arrives after the work is done,
-// and tens of thousands of them taking the write lock in turn would cost
-// more than the work did.
-func (g *group[V, A]) lookHeld(key string) (v V, err error, ok bool) {
-	now := time.Now().UnixNano()
-	g.mu.RLock()
-	c, found := g.m[key]
-	ok = found && c.finished && g.take(c, now)
-	if ok {
-		v, err = c.val, c.err
-	}
-	g.mu.RUnlock()
-	return v, err, ok
+// finishedNow reports whether c has finished, under mu.
+func (c *call[V]) finishedNow(mu *sync.Mutex) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return c.finished
 }
 
-// take reports whether the finished call c still shares its result at
-// now, and slides its expiry on. The caller holds g.mu, for reading at
-// least; expires is atomic because readers slide it concurrently.
-func (g *group[V, A]) take(c *call[V], now int64) bool {
-	e := c.expires.Load()
-	if now >= e {
+func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A) (V, error)) {
+	// If fn calls runtime.Goexit, protect does not return: err keeps
+	// errGoexit, and the deferred finish still releases the waiters.
+	var v V
+	err := errGoexit
+	defer func() { g.finish(key, c, v, err) }()
+	v, err = protect(ctx, a, fn)
+}
+
+func (g *group[V, A]) run(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A) (V, error)) {
+	if g.done != nil {
+		defer g.done()
+	}
+	g.lead(ctx, key, c, a, fn)
+}
+
+// finish publishes c's result, unless c has finished already (a load
+// released at its timeout finishes before its loader returns), and
+// reports whether it did. Later callers of key start anew, at once or
+// after the share window.
+func (g *group[V, A]) finish(key string, c *call[V], v V, err error) bool {
+	now := time.Now().UnixNano()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if c.finished {
 		return false
 	}
-	if g.slide > 0 {
-		if next := min(now+int64(g.slide), c.capAt); next > e {
-			c.expires.CompareAndSwap(e, next) // another caller may slide it first: either is fine
+	c.val, c.err = v, err
+	c.finished = true
+	if tk := (tokenKey{key, c.token}); c.token != "" && g.byToken[tk] == c {
+		delete(g.byToken, tk)
+	}
+	c.prev = nil
+	if g.m[key] == c {
+		if !g.hold(key, c, now) {
+			delete(g.m, key)
 		}
+	}
+	if c.done != nil {
+		close(c.done)
 	}
 	return true
 }
 
-func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A, *V) error) {
-	// Deferred, so that waiters are released even if fn calls
-	// runtime.Goexit on this goroutine.
-	defer g.finish(key, c)
-	protect(ctx, a, fn, &c.val, &c.err)
-}
-
-// start is do with fn run on a goroutine of its own under the context work
-// returns (detached from the caller's cancellation and bounded), so that
-// fn goes on for the others when the first caller leaves.
-func (g *group[V, A]) start(ctx context.Context, key string, work func() (context.Context, context.CancelFunc), a A, fn func(context.Context, A, *V) error) (v V, err error, shared bool) {
-	g.mu.Lock()
-	c, joined := g.join(key, time.Now().UnixNano(), true)
-	if !joined {
-		g.wg.Add(1)
-	}
-	g.mu.Unlock()
-	if !joined {
-		go g.run(key, c, work, a, fn)
-	}
-	v, err = wait(ctx, c)
-	return v, err, joined
-}
-
-func (g *group[V, A]) run(key string, c *call[V], work func() (context.Context, context.CancelFunc), a A, fn func(context.Context, A, *V) error) {
-	defer g.wg.Done()
-	// finish runs deferred so that waiters are released even when fn
-	// calls runtime.Goexit.
-	defer g.finish(key, c)
-	ctx, cancel := work()
-	defer cancel()
-	protect(ctx, a, fn, &c.val, &c.err)
-}
-
-// claim registers calls for those keys not under way and returns them (to
-// be completed by the caller with finish) and the calls already under way
-// for the others (to be waited on).
-func (g *group[V, A]) claim(keys []string) (own, others map[string]*call[V]) {
+// claim registers loads for those keys no load of which is under way, and
+// returns them (to be completed with finish) and, for the others, the
+// loads under way whose leases the caller saw (tokens[k]), to be waited
+// on. Keys under way with another lease are claimed anew.
+func (g *group[V, A]) claim(keys []string, tokens map[string]string) (own, others map[string]*call[V]) {
 	own = make(map[string]*call[V], len(keys))
 	others = make(map[string]*call[V])
 	now := time.Now().UnixNano()
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, k := range keys {
 		if _, mine := own[k]; mine {
 			continue
 		}
-		if c, joined := g.join(k, now, true); joined {
+		if c, joined := g.acquire(k, now, tokens[k], true); joined {
 			others[k] = c
 		} else {
 			own[k] = c
@@ -230,63 +203,50 @@ func (g *group[V, A]) claim(keys []string) (own, others map[string]*call[V]) {
 	return own, others
 }
 
-// finish publishes c's result and lets later callers of key start anew,
-// at once or after the hold.
-func (g *group[V, A]) finish(key string, c *call[V]) {
-	var hold time.Duration
-	now := time.Now().UnixNano()
-	if g.hold != nil {
-		hold = g.hold(c.val, c.err, time.Duration(now-c.started))
-	}
-	g.mu.Lock()
-	if g.m[key] == c {
-		if hold > 0 {
-			c.expires.Store(now + int64(hold))
-			c.capAt = now + int64(max(hold, g.slideCap))
-			g.held = append(g.held, heldCall[V]{key, c})
-		} else {
-			delete(g.m, key)
-		}
-	}
-	c.finished = true
-	if c.done != nil {
-		close(c.done)
-	}
-	g.mu.Unlock()
-}
-
 // forget makes later callers of key start new work rather than join work
 // under way or a held result, which may predate a write just made.
 func (g *group[V, A]) forget(key string) {
 	g.mu.Lock()
+	for c := g.m[key]; c != nil; c = c.prev {
+		c.detached = true
+	}
 	delete(g.m, key)
 	g.mu.Unlock()
 }
 
-// protect calls fn, turning a panic into a *PanicError and runtime.Goexit
-// into errGoexit, so that a misbehaving loader fails its callers instead of
-// crashing the process or leaving them waiting. It stores through pointers
-// because on runtime.Goexit only deferred code runs: a returned value would
-// never be assigned.
-func protect[V, A any](ctx context.Context, a A, fn func(context.Context, A, *V) error, vp *V, errp *error) {
-	normal := false
+type tokenKey struct{ key, token string }
+
+// running returns the load of key under way with token, if any may be
+// joined.
+func (g *group[V, A]) running(key, token string) *call[V] {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.byToken[tokenKey{key, token}]
+	if !ok || c.finished || c.detached {
+		return nil
+	}
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
+	return c
+}
+
+// protect calls fn, turning a panic into a *PanicError, so that a
+// misbehaving loader fails its callers instead of crashing the process or
+// leaving them waiting. (A runtime.Goexit in fn ends the goroutine without
+// returning here; callers of protect handle it with a deferred finish.)
+func protect[V, A any](ctx context.Context, a A, fn func(context.Context, A) (V, error)) (v V, err error) {
 	defer func() {
-		if normal {
-			return
-		}
 		if r := recover(); r != nil {
-			*errp = &PanicError{Value: r, Stack: debug.Stack()}
-		} else {
-			*errp = errGoexit
+			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	*errp = fn(ctx, a, vp)
-	normal = true
+	return fn(ctx, a)
 }
 
 // wait returns c's result once it is final, or ctx's error if ctx ends
-// first. The caller joined c under the group's mutex, asking to wait: so
-// done is nil only if c had finished by then.
+// first. The caller acquired c asking to wait: so done is nil only if c
+// had finished by then.
 func wait[V any](ctx context.Context, c *call[V]) (V, error) {
 	if c.done == nil {
 		return c.val, c.err
@@ -308,16 +268,5 @@ func wait[V any](ctx context.Context, c *call[V]) (V, error) {
 	case <-ctx.Done():
 		var zero V
 		return zero, ctx.Err()
-	}
-}
-
-// detach returns a function that makes the context shared work runs under:
-// it keeps ctx's values but not its cancellation, ends after timeout, and
-// ends when closed is done.
-func detach(ctx, closed context.Context, timeout time.Duration) func() (context.Context, context.CancelFunc) {
-	return func() (context.Context, context.CancelFunc) {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		stop := context.AfterFunc(closed, cancel)
-		return wctx, func() { stop(); cancel() }
 	}
 }

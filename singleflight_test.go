@@ -12,22 +12,35 @@ import (
 
 type testGroup = group[int, func(context.Context) (int, error)]
 
-func newGroup() *testGroup { return &testGroup{wg: new(sync.WaitGroup)} }
-
-func callFn(ctx context.Context, fn func(context.Context) (int, error), v *int) error {
-	var err error
-	*v, err = fn(ctx)
-	return err
+func newGroup(window time.Duration) *testGroup {
+	g := &testGroup{}
+	g.window = int64(window)
+	g.keep = func(_ int, err error) bool { return err == nil }
+	return g
 }
 
-// do and start adapt the group's allocation-free calling convention to
-// closures, which are handier in tests.
+func callFn(ctx context.Context, fn func(context.Context) (int, error)) (int, error) { return fn(ctx) }
+
+// do adapts the group's allocation-free calling convention to closures,
+// which are handier in tests.
 func do(g *testGroup, ctx context.Context, key string, fn func(context.Context) (int, error)) (int, error, bool) {
-	return g.do(ctx, key, fn, callFn)
+	return g.do(ctx, key, fn, callFn, nil)
+}
+
+func waitRegistered(g *testGroup, key string) {
+	for {
+		g.mu.Lock()
+		_, started := g.m[key]
+		g.mu.Unlock()
+		if started {
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 func TestGroupFirstCallerLeaves(t *testing.T) {
-	g := newGroup()
+	g := newGroup(time.Hour)
 	var calls atomic.Int64
 	release := make(chan struct{})
 	fn := func(ctx context.Context) (int, error) {
@@ -38,25 +51,15 @@ func TestGroupFirstCallerLeaves(t *testing.T) {
 	lctx, cancel := context.WithCancel(context.Background())
 	leaderDone := make(chan error)
 	go func() { _, err, _ := do(g, lctx, "k", fn); leaderDone <- err }()
-	for {
-		g.mu.Lock()
-		_, started := g.m["k"]
-		g.mu.Unlock()
-		if started {
-			break
-		}
-		runtime.Gosched()
-	}
+	waitRegistered(g, "k")
 	var wg sync.WaitGroup
 	var got atomic.Int64
 	for range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if v, err, shared := do(g, context.Background(), "k", fn); err == nil && v == 42 && shared {
 				got.Add(1)
 			}
-		}()
+		})
 	}
 	time.Sleep(10 * time.Millisecond)
 	cancel()
@@ -68,24 +71,27 @@ func TestGroupFirstCallerLeaves(t *testing.T) {
 	if got.Load() != 10 || calls.Load() != 1 {
 		t.Fatalf("%d of 10 waiters got the value; fn ran %d times", got.Load(), calls.Load())
 	}
-	g.wg.Wait()
 }
 
 func TestGroupPanicAndGoexit(t *testing.T) {
-	g := newGroup()
+	g := newGroup(time.Hour)
 	_, err, _ := do(g, context.Background(), "p", func(context.Context) (int, error) { panic("boom") })
 	var pe *PanicError
 	if !errors.As(err, &pe) || pe.Value != "boom" || len(pe.Stack) == 0 {
 		t.Fatalf("panic: %v", err)
 	}
-	_, err, _ = g.start(context.Background(), "x", detach(context.Background(), context.Background(), time.Second), func(context.Context) (int, error) {
+	if msg := err.Error(); msg != "packcache: loader panicked: boom" {
+		t.Fatalf("a panic's message must be one line without the stack, got %q", msg)
+	}
+	ctx, cancel := context.WithCancel(context.Background()) // run on a goroutine of its own
+	defer cancel()
+	_, err, _ = do(g, ctx, "x", func(context.Context) (int, error) {
 		runtime.Goexit()
 		return 0, nil
-	}, callFn)
+	})
 	if !errors.Is(err, errGoexit) {
 		t.Fatalf("Goexit: %v", err)
 	}
-	g.wg.Wait()
 	// Errors are not kept: the next call runs again.
 	v, err, _ := do(g, context.Background(), "p", func(context.Context) (int, error) { return 1, nil })
 	if v != 1 || err != nil {
@@ -93,36 +99,126 @@ func TestGroupPanicAndGoexit(t *testing.T) {
 	}
 }
 
-func TestGroupHold(t *testing.T) {
-	g := newGroup()
-	g.hold = func(int, error, time.Duration) time.Duration { return 30 * time.Millisecond }
+// TestGroupShareWindow: a caller shares work begun at most one window
+// before it, running or ended; later, it starts afresh; forget detaches.
+func TestGroupShareWindow(t *testing.T) {
+	g := newGroup(100 * time.Millisecond)
 	var calls atomic.Int64
 	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
 	ctx := context.Background()
 	do(g, ctx, "k", fn)
 	if v, _, shared := do(g, ctx, "k", fn); v != 1 || !shared {
-		t.Fatalf("within the hold: %v shared=%v", v, shared)
+		t.Fatalf("within the window: %v shared=%v", v, shared)
 	}
 	g.forget("k")
 	if v, _, _ := do(g, ctx, "k", fn); v != 2 {
 		t.Fatalf("after forget: %v", v)
 	}
-	time.Sleep(40 * time.Millisecond)
+	time.Sleep(120 * time.Millisecond)
 	if v, _, _ := do(g, ctx, "k", fn); v != 3 {
-		t.Fatalf("after the hold: %v", v)
+		t.Fatalf("after the window: %v", v)
 	}
-	// Expired holds are dropped from the map, so keys never asked for
-	// again do not pile up.
+	// Errors are not shared after the work ends.
+	do(g, ctx, "e", func(context.Context) (int, error) { return 0, errors.New("x") })
+	if v, err, _ := do(g, ctx, "e", fn); err != nil || v == 0 {
+		t.Fatalf("an error was shared after its work ended: %v %v", v, err)
+	}
+	// Results past their window are dropped from the map, so keys never
+	// asked for again do not pile up.
 	for i := range 100 {
 		do(g, ctx, string(rune('a'+i)), fn)
 	}
-	time.Sleep(40 * time.Millisecond)
+	time.Sleep(120 * time.Millisecond)
 	do(g, ctx, "z2", fn)
 	g.mu.Lock()
-	n := len(g.m)
+	n, h := len(g.m), len(g.held)
 	g.mu.Unlock()
-	if n > 1 {
-		t.Fatalf("%d entries left after their holds expired", n)
+	if n > 1 || h > 1 {
+		t.Fatalf("%d entries and %d held left after their windows ended", n, h)
+	}
+}
+
+// TestGroupWindowBoundsSlowWork: the window counts from when the work
+// began, not when it ended: a caller that comes more than one window after
+// a slow read began starts its own, even while that read is under way, and
+// a slow read's result is not shared after it ends.
+func TestGroupWindowBoundsSlowWork(t *testing.T) {
+	g := newGroup(30 * time.Millisecond)
+	var calls atomic.Int64
+	release := make(chan struct{})
+	slow := func(context.Context) (int, error) {
+		n := int(calls.Add(1))
+		if n == 1 {
+			<-release
+		}
+		return n, nil
+	}
+	ctx := context.Background()
+	first := make(chan int)
+	go func() { v, _, _ := do(g, ctx, "k", slow); first <- v }()
+	waitRegistered(g, "k")
+	time.Sleep(60 * time.Millisecond)
+	if v, _, shared := do(g, ctx, "k", slow); v != 2 || shared {
+		t.Fatalf("a caller two windows after the read began joined it: %v shared=%v", v, shared)
+	}
+	close(release)
+	if v := <-first; v != 1 {
+		t.Fatalf("first caller got %v", v)
+	}
+	if v, _, shared := do(g, ctx, "k", slow); shared && v == 1 {
+		t.Fatalf("the slow read's result was shared after it ended, past its window")
+	}
+}
+
+// TestGroupZeroWindow: with no window, callers share only work under way.
+func TestGroupZeroWindow(t *testing.T) {
+	g := newGroup(0)
+	var calls atomic.Int64
+	release := make(chan struct{})
+	fn := func(context.Context) (int, error) {
+		n := int(calls.Add(1))
+		if n == 1 {
+			<-release
+		}
+		return n, nil
+	}
+	ctx := context.Background()
+	first := make(chan int)
+	go func() { v, _, _ := do(g, ctx, "k", fn); first <- v }()
+	waitRegistered(g, "k")
+	time.Sleep(30 * time.Millisecond)
+	joined := make(chan int)
+	go func() { v, _, _ := do(g, ctx, "k", fn); joined <- v }()
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	if a, b := <-first, <-joined; a != 1 || b != 1 {
+		t.Fatalf("a caller during the work did not share it: %d %d", a, b)
+	}
+	if v, _, shared := do(g, ctx, "k", fn); v != 2 || shared {
+		t.Fatalf("with no window a caller after the work shared it: %v %v", v, shared)
+	}
+}
+
+// TestGroupLoadTokens: a load is shared only by callers that saw its
+// token; others start their own.
+func TestGroupLoadTokens(t *testing.T) {
+	g := newGroup(0)
+	a, ok := g.acquire("k", time.Now().UnixNano(), "lease-1", true)
+	if ok {
+		t.Fatal("first acquire joined")
+	}
+	if b, ok := g.acquire("k", time.Now().UnixNano(), "lease-1", true); !ok || b != a {
+		t.Fatal("same token did not join")
+	}
+	if b, ok := g.acquire("k", time.Now().UnixNano(), "lease-2", true); ok || b == a {
+		t.Fatal("another token joined")
+	}
+	// a is detached but still finishes for its waiters.
+	if !g.finish("k", a, 5, nil) || g.finish("k", a, 6, nil) {
+		t.Fatal("finish must publish once")
+	}
+	if v, err := wait(context.Background(), a); v != 5 || err != nil {
+		t.Fatalf("detached call: %v %v", v, err)
 	}
 }
 
@@ -130,7 +226,7 @@ func TestGroupHold(t *testing.T) {
 // end, it does the work on its own goroutine; callers that join it, with
 // contexts of any kind, must still wait for its result.
 func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
-	g := newGroup()
+	g := newGroup(time.Hour)
 	var calls atomic.Int64
 	started := make(chan struct{})
 	release := make(chan struct{})
@@ -147,9 +243,7 @@ func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
 	var wg sync.WaitGroup
 	var wrong atomic.Int64
 	for i := range 100 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			ctx := context.Background()
 			if i%2 == 0 {
 				var cancel context.CancelFunc
@@ -159,7 +253,7 @@ func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
 			if v, err, shared := do(g, ctx, "k", fn); v != 7 || err != nil || !shared {
 				wrong.Add(1)
 			}
-		}()
+		})
 	}
 	for {
 		g.mu.Lock()
@@ -178,30 +272,18 @@ func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
 	}
 }
 
-// TestGroupHoldSlides: callers that keep coming within the slide keep
-// sharing the held result, up to the cap; after a gap, or past the cap,
-// the work runs again.
-func TestGroupHoldSlides(t *testing.T) {
-	g := newGroup()
-	g.hold = func(int, error, time.Duration) time.Duration { return 40 * time.Millisecond }
-	g.slide, g.slideCap = 40*time.Millisecond, 150*time.Millisecond
-	var calls atomic.Int64
-	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
-	ctx := context.Background()
-	start := time.Now()
-	do(g, ctx, "k", fn)
-	for time.Since(start) < 120*time.Millisecond {
-		time.Sleep(10 * time.Millisecond)
-		if v, _, _ := do(g, ctx, "k", fn); v != 1 {
-			t.Fatalf("at %v, within the sliding window: fn ran again", time.Since(start))
-		}
-	}
-	time.Sleep(time.Until(start.Add(160 * time.Millisecond)))
-	if v, _, _ := do(g, ctx, "k", fn); v != 2 {
-		t.Fatalf("past the cap the result was still shared")
-	}
-	time.Sleep(50 * time.Millisecond) // a gap longer than the slide
-	if v, _, _ := do(g, ctx, "k", fn); v != 3 {
-		t.Fatalf("after a gap the result was still shared")
+// TestGroupJoiningRefused: a caller whose joining check fails gets its
+// error at once instead of waiting for the work under way.
+func TestGroupJoiningRefused(t *testing.T) {
+	g := newGroup(time.Hour)
+	release := make(chan struct{})
+	go do(g, context.Background(), "k", func(context.Context) (int, error) { <-release; return 1, nil })
+	waitRegistered(g, "k")
+	refuse := errors.New("refused")
+	_, err, _ := g.do(context.Background(), "k", func(context.Context) (int, error) { return 2, nil }, callFn,
+		func(context.Context, string) error { return refuse })
+	close(release)
+	if err != refuse {
+		t.Fatalf("got %v", err)
 	}
 }

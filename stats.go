@@ -27,9 +27,14 @@ type Counters struct {
 	LoadErrors     uint64 // loader calls that failed
 	NotFoundHits   uint64 // lookups answered by a remembered ErrNotFound
 	CoalescedWaits uint64 // callers that shared work another caller started
-	LockWaits      uint64 // loads that waited for another process's lock
+	LockWaits      uint64 // loads that waited for another process's lease (WithLock)
 	Refreshes      uint64 // background refreshes started
 	StaleServes    uint64 // stale values returned because a reload failed
+
+	// Superseded counts loads whose value was not stored because the key
+	// was written (or its lease taken over) after the load began: the
+	// write won, as it must.
+	Superseded uint64
 
 	// Codecs counts written values by the codec they were stored with;
 	// values stored uncompressed count under "none".
@@ -46,7 +51,7 @@ type CodecStats struct {
 type counters struct {
 	hits, misses, sets, decodeErrors, redisErrors   atomic.Uint64
 	loads, loadErrors, notFoundHits, coalescedWaits atomic.Uint64
-	lockWaits, refreshes, staleServes               atomic.Uint64
+	lockWaits, refreshes, staleServes, superseded   atomic.Uint64
 	codecs                                          [256]codecCounters
 }
 
@@ -75,6 +80,7 @@ func (c *counters) snapshot() Counters {
 		LockWaits:      c.lockWaits.Load(),
 		Refreshes:      c.refreshes.Load(),
 		StaleServes:    c.staleServes.Load(),
+		Superseded:     c.superseded.Load(),
 		Codecs:         map[string]CodecStats{},
 	}
 	for id := range c.codecs {
@@ -109,6 +115,7 @@ func (s *Counters) add(o Counters) {
 	s.LockWaits += o.LockWaits
 	s.Refreshes += o.Refreshes
 	s.StaleServes += o.StaleServes
+	s.Superseded += o.Superseded
 	if s.Codecs == nil {
 		s.Codecs = map[string]CodecStats{}
 	}

@@ -24,51 +24,69 @@ func (c *Cache[T]) marshal(dst []byte, v T) ([]byte, error) {
 	return b, nil
 }
 
-// store serializes, frames and writes v. With keep, it returns a copy of
-// the serialized value.
-func (c *Cache[T]) store(ctx context.Context, key string, p *policy[T], v T, ttl time.Duration, keep bool) ([]byte, error) {
-	sbuf, fbuf := getBuf(), getBuf()
-	defer putBuf(sbuf)
-	defer putBuf(fbuf)
-	stored, payload, err := c.encode(ctx, key, p, v, sbuf, fbuf)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.setRaw(ctx, key, stored, c.expiry(p, ttl)); err != nil {
-		return nil, err
-	}
-	p.stats.sets.Add(1)
-	if keep {
-		return bytes.Clone(payload), nil
-	}
-	return nil, nil
+// An encoded value is what one write stores: the bytes for Redis and the
+// serialized value they hold, in pooled buffers that release returns.
+type encoded struct {
+	stored, payload []byte
+	bufs            [2]*[]byte
 }
 
-// encode serializes v into sbuf and frames it into fbuf, returning the
-// bytes to store and the serialized value.
-func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T, sbuf, fbuf *[]byte) (stored, payload []byte, err error) {
-	payload, err = c.marshal((*sbuf)[:0], v)
+func (e *encoded) release() {
+	for _, b := range e.bufs {
+		if b != nil {
+			putBuf(b)
+		}
+	}
+	e.bufs = [2]*[]byte{}
+}
+
+// detach gives e's bytes slices of their own and returns the pooled
+// buffers, when the value is small: a write waits on the network, and
+// twenty thousand small writes in flight must not each hold two pooled
+// buffers sized for large values. Large values keep their buffers, which
+// they fill.
+func (e *encoded) detach() {
+	if len(e.stored) > 4<<10 {
+		return
+	}
+	e.stored = bytes.Clone(e.stored)
+	e.payload = nil
+	e.release()
+}
+
+// encode serializes v and frames it with the policy: compressed when its
+// size is above the threshold and compression saves at least MinSaving
+// bytes, otherwise plain (verbatim for text serializers, behind the none
+// header otherwise). The caller releases the result.
+func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T) (e encoded, err error) {
+	sbuf, fbuf := getBuf(), getBuf()
+	e.bufs = [2]*[]byte{sbuf, fbuf}
+	payload, err := c.marshal((*sbuf)[:0], v)
 	if err != nil {
-		return nil, nil, keyErr("set", key, err)
+		e.release()
+		return e, keyErr("set", key, err)
 	}
 	if !c.raw {
 		*sbuf = payload[:0]
 	}
 	if len(payload) > c.maxSize {
-		return nil, nil, keyErr("set", key, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), c.maxSize))
+		e.release()
+		return e, keyErr("set", key, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), c.maxSize))
 	}
+	e.payload = payload
 	verbatim := (c.raw || c.ser.Text()) && codec.Plain(payload)
 	plainLen := len(payload)
 	if !verbatim {
 		plainLen++
 	}
-	if (p.CompressAbove < 0 || len(payload) > p.CompressAbove) && p.Codec.ID() != codec.HeaderNone && len(payload) > 0 {
-		out, cerr := codec.AppendValue((*fbuf)[:0], p.Codec, payload)
+	if p.compress && len(payload) > p.threshold && len(payload) > 0 {
+		out, cerr := codec.AppendValue((*fbuf)[:0], p.codec, payload)
 		if cerr == nil {
 			*fbuf = out[:0]
-			if len(out)+p.MinSaving <= plainLen {
-				p.stats.wrote(p.Codec.ID(), len(payload), len(out))
-				return out, payload, nil
+			if len(out)+p.minSaving <= plainLen {
+				p.stats.wrote(p.codec.ID(), len(payload), len(out))
+				e.stored = out
+				return e, nil
 			}
 		} else {
 			c.report(ctx, key, keyErr("set", key, cerr))
@@ -76,12 +94,14 @@ func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T, sb
 	}
 	if verbatim {
 		p.stats.wrote(codec.HeaderNone, len(payload), len(payload))
-		return payload, payload, nil
+		e.stored = payload
+		return e, nil
 	}
 	out, _ := codec.AppendValue((*fbuf)[:0], codec.None, payload) // None cannot fail
 	*fbuf = out[:0]
 	p.stats.wrote(codec.HeaderNone, len(payload), len(out))
-	return out, payload, nil
+	e.stored = out
+	return e, nil
 }
 
 // expiry applies the policy's jitter and stale window to a TTL.
@@ -89,28 +109,13 @@ func (c *Cache[T]) expiry(p *policy[T], ttl time.Duration) time.Duration {
 	if ttl == NoExpiration {
 		return ttl
 	}
-	if p.TTLJitter > 0 {
-		ttl -= time.Duration(rand.Float64() * p.TTLJitter * float64(ttl))
+	if p.jitter > 0 {
+		ttl -= time.Duration(rand.Float64() * p.jitter * float64(ttl))
 		if ttl < time.Millisecond {
 			ttl = time.Millisecond
 		}
 	}
-	return ttl + p.StaleFor
-}
-
-// setRaw writes value under key. Every write the cache makes goes through
-// setRaw or setMany, and both end the sharing of loader-less reads of the
-// key begun before the write: such a read may have seen a miss, which later
-// callers must not be given. (Reads with a loader need no such care: a
-// load's store happens inside the very read they share.)
-func (c *Cache[T]) setRaw(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	if err := c.rdb.Set(ctx, key, value, redisTTL(ttl)).Err(); err != nil {
-		c.redisFailed(c.policy(key), err)
-		return keyErr("set", key, redisErr(err))
-	}
-	c.breaker.success()
-	c.lookups.forget(key)
-	return nil
+	return ttl + p.staleFor
 }
 
 // redisTTL is ttl as go-redis takes it, where 0 means no expiry.
@@ -121,9 +126,31 @@ func redisTTL(ttl time.Duration) time.Duration {
 	return ttl
 }
 
-// forget ends the sharing of any earlier read of key, so that this
-// process's callers see a write it has just made.
+// set writes stored under key unconditionally: a write of the caller's,
+// which overwrites any value and any lease, so that no load begun before
+// it can store its value afterwards (see lease.go).
+func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []byte, ttl time.Duration) error {
+	b := c.nodes.forKey(ctx, key)
+	if !b.allow() {
+		return circuitOpen("set", key)
+	}
+	rctx, cancel := c.budget(ctx)
+	err := c.rdb.Set(rctx, key, stored, redisTTL(ttl)).Err()
+	cancel()
+	b.feed(judgeRedis(ctx, err))
+	if err != nil {
+		p.stats.redisErrors.Add(1)
+		return keyErr("set", key, redisErr(err))
+	}
+	p.stats.sets.Add(1)
+	return nil
+}
+
+// forget ends, in this process, the sharing of every read and load of key
+// begun before a write of it: callers that come after the write start
+// afresh, and see it.
 func (c *Cache[T]) forget(key string) {
 	c.lookups.forget(key)
 	c.reads.forget(key)
+	c.loads.forget(key)
 }

@@ -52,6 +52,14 @@ const (
 	// It is not a codec: DecodeValue reports it as an unknown header, and
 	// the cache checks for it before decoding.
 	HeaderTombstone byte = 0x0e
+
+	// HeaderLease begins a lease: a value that stands for a load in
+	// progress, written by a reader that missed and is loading the value,
+	// so that a write made meanwhile can tell the load not to store what
+	// it loaded. The rest of the value is an opaque token. It is not a
+	// codec: DecodeValue reports it as an unknown header, and the cache
+	// checks for it before decoding.
+	HeaderLease byte = 0x0c
 )
 
 // User codecs registered with Register take header bytes from

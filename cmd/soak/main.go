@@ -352,7 +352,7 @@ func startRedis() (string, func(), error) {
 			}
 			os.RemoveAll(dir)
 		}
-		c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true})
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
@@ -416,7 +416,7 @@ func run(cfg config, out io.Writer) (*report, error) {
 	rep.heap[0] = ms.HeapAlloc
 	rep.goroutines[0] = runtime.NumGoroutine()
 
-	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.workers + 8})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.workers + 8, ContextTimeoutEnabled: true})
 	opts := []packcache.Option{packcache.WithTTL(time.Hour), packcache.WithLoadTimeout(30 * time.Second)}
 	for _, c := range codecs {
 		opts = append(opts, packcache.WithPrefix(base+c.name+":", packcache.Policy{Codec: c.c, CompressAbove: 512}))

@@ -116,7 +116,7 @@ func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 		addr, rep.Redis = mr.Addr(), "embedded miniredis at "+mr.Addr()
 	}
 	fmt.Fprintf(w, "redis: %s\n\n", rep.Redis)
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 
 	// Only keys under our own prefix, deleted at the end: never flush a

@@ -203,7 +203,7 @@ func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 	// client room so that waiting for a connection or for the CPU is not
 	// mistaken for a dead Redis.
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64, PoolTimeout: time.Minute,
-		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
+		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	gets := &getCounter{}
 	rdb.AddHook(gets)

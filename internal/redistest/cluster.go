@@ -228,10 +228,10 @@ func (c *Cluster) keySlot(key string) (int, error) {
 
 // Client returns a new go-redis cluster client seeded with all nodes, with
 // go-redis defaults changed by opts, and registers a cleanup with tb that
-// closes it.
+// closes it. It honours context deadlines (ContextTimeoutEnabled).
 func (c *Cluster) Client(tb testing.TB, opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
 	tb.Helper()
-	o := &redis.ClusterOptions{Addrs: c.Addrs()}
+	o := &redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true}
 	for _, f := range opts {
 		f(o)
 	}
@@ -242,10 +242,11 @@ func (c *Cluster) Client(tb testing.TB, opts ...func(*redis.ClusterOptions)) *re
 
 // Universal returns a new cluster-mode redis.UniversalClient seeded with all
 // nodes, with go-redis defaults changed by opts, and registers a cleanup
-// with tb that closes it.
+// with tb that closes it. It honours context deadlines
+// (ContextTimeoutEnabled).
 func (c *Cluster) Universal(tb testing.TB, opts ...func(*redis.UniversalOptions)) redis.UniversalClient {
 	tb.Helper()
-	o := &redis.UniversalOptions{Addrs: c.Addrs(), IsClusterMode: true}
+	o := &redis.UniversalOptions{Addrs: c.Addrs(), IsClusterMode: true, ContextTimeoutEnabled: true}
 	for _, f := range opts {
 		f(o)
 	}

@@ -130,10 +130,11 @@ func (s *Server) Real() bool { return s.mini == nil }
 func (s *Server) Dir() string { return s.dir }
 
 // Client returns a new go-redis client for s, with go-redis defaults changed
-// by opts, and registers a cleanup with tb that closes it.
+// by opts, and registers a cleanup with tb that closes it. It honours
+// context deadlines (ContextTimeoutEnabled), as packcache requires.
 func (s *Server) Client(tb testing.TB, opts ...func(*redis.Options)) *redis.Client {
 	tb.Helper()
-	o := &redis.Options{Addr: s.addr}
+	o := &redis.Options{Addr: s.addr, ContextTimeoutEnabled: true}
 	for _, f := range opts {
 		f(o)
 	}
@@ -144,10 +145,10 @@ func (s *Server) Client(tb testing.TB, opts ...func(*redis.Options)) *redis.Clie
 
 // Universal returns a new single-node redis.UniversalClient for s, with
 // go-redis defaults changed by opts, and registers a cleanup with tb that
-// closes it.
+// closes it. It honours context deadlines (ContextTimeoutEnabled).
 func (s *Server) Universal(tb testing.TB, opts ...func(*redis.UniversalOptions)) redis.UniversalClient {
 	tb.Helper()
-	o := &redis.UniversalOptions{Addrs: []string{s.addr}}
+	o := &redis.UniversalOptions{Addrs: []string{s.addr}, ContextTimeoutEnabled: true}
 	for _, f := range opts {
 		f(o)
 	}

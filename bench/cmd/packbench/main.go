@@ -378,7 +378,7 @@ func (e *env) connect(ctx context.Context) (stop func(), err error) {
 		}
 		e.addr, e.own, stop = addr, true, s
 	}
-	e.rdb = redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
+	e.rdb = redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, ContextTimeoutEnabled: true})
 	if err := e.rdb.Ping(ctx).Err(); err != nil {
 		stop()
 		return func() {}, fmt.Errorf("ping %s: %w", e.addr, err)

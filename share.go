@@ -1,0 +1,67 @@
+package packcache
+
+// share is a group's rule for who may share a piece of work, and the
+// results it keeps shared after the work ends.
+//
+// The rule in one sentence: a caller shares work on its key begun at most
+// the window before it arrived, still under way or ended, so that what it
+// gets is never from a read sent more than one window before its own would
+// have been; with a window of zero it shares only work still under way.
+// A load is the exception: it is shared, while under way, with exactly
+// the callers whose own read found that load's lease in Redis, which
+// proves that no write has come since it began.
+type share[V any] struct {
+	window int64 // nanoseconds
+
+	// keep says whether a finished result may be shared for the rest of
+	// the window: values and misses may; errors are not, so that the next
+	// caller tries again.
+	keep func(v V, err error) bool
+
+	held []heldCall[V] // finished calls still shared, in the order they finished
+}
+
+type heldCall[V any] struct {
+	key string
+	c   *call[V]
+}
+
+// joinable reports whether a caller arriving at now may share the read c.
+// (Loads are joined by their token; see group.acquire.) The group's mutex
+// is held.
+func (s *share[V]) joinable(c *call[V], now int64) bool {
+	if !c.finished {
+		return s.window == 0 || now < c.began+s.window
+	}
+	return now < c.began+s.window
+}
+
+// hold keeps the finished call c shared for the rest of its window, if it
+// has any left and its result may be kept, and reports whether it does.
+// The group's mutex is held.
+func (s *share[V]) hold(key string, c *call[V], now int64) bool {
+	if s.window == 0 || c.token != "" || now >= c.began+s.window || s.keep == nil || !s.keep(c.val, c.err) {
+		return false
+	}
+	s.held = append(s.held, heldCall[V]{key, c})
+	return true
+}
+
+// expire forgets held results whose window is over. Calls are held in the
+// order they finished, which is nearly the order their windows end: the
+// sweep stops at the first still live, so a result may stay in the map up
+// to one window past its end, unshared (joinable checks the time). The
+// group's mutex is held; m is the group's map.
+func (s *share[V]) expire(now int64, m map[string]*call[V]) {
+	i := 0
+	for ; i < len(s.held) && now >= s.held[i].c.began+s.window; i++ {
+		if h := s.held[i]; m[h.key] == h.c {
+			delete(m, h.key)
+		}
+	}
+	if i > 0 {
+		n := copy(s.held, s.held[i:])
+		clear(s.held[n:])
+		s.held = s.held[:n]
+	}
+}
