@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var ue usageError
 	switch {
-	case errors.Is(err, errInterrupted):
+	case errors.Is(err, errInterrupted) || ctx.Err() != nil:
 		fmt.Fprintln(stderr, "packcache: interrupted")
 		return exitInterrupted
 	case !ranCommand || errors.As(err, &ue):
