@@ -210,7 +210,7 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 }
 
 // maxReencode bounds the values inspect re-encodes to find their level.
-const maxReencode = 16 << 20
+const maxReencode = 4 << 20
 
 // levelNote says which levels of the value's codec reproduce it. The
 // format records the codec, not the level, so this is the only way to
