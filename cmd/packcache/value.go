@@ -7,13 +7,6 @@ import (
 	"github.com/packcache/packcache/codec"
 )
 
-// headerLease is the first byte of a lease: while a read-through load is in
-// progress, packcache stores 0C followed by an opaque token (16 random
-// bytes). It is "a load is in progress", never data and never an error.
-// FORMAT.md section 2 still lists 0C as reserved; codec.DecodeValue reports
-// it as an unknown header.
-const headerLease byte = 0x0c
-
 // kind is what a stored value is, judged from its first bytes and length
 // alone (FORMAT.md section 1).
 type kind int
@@ -24,7 +17,7 @@ const (
 	kindFramed                // a built-in codec: 01 none, 02 lz4, 03 snappy, 04 zstd
 	kindGzip                  // 1F 8B: a gzip stream, read only
 	kindTombstone             // the one-byte value 0E: "not found", remembered
-	kindLease                 // 0C and a token: a load is in progress
+	kindLease                 // 0C and a token: a load is in progress (never data, never an error)
 	kindUser                  // 10-1E: a user codec, which this command does not have
 	kindUnknown               // a reserved or unassigned header byte
 )
@@ -33,6 +26,11 @@ const (
 // value is shorter) and its length n. It is the one place the command
 // decides what a stored value means: inspect, stats, advise and recompress
 // all call it.
+//
+// A lease is what packcache stores while a read-through load is in
+// progress: codec.HeaderLease (0C) and an opaque token. codec.DecodeValue
+// reports it as an unknown header (and FORMAT.md still lists 0C as
+// reserved), so it is recognised here first.
 func classify(head []byte, n int) kind {
 	if n == 0 || len(head) == 0 {
 		return kindEmpty
@@ -43,7 +41,7 @@ func classify(head []byte, n int) kind {
 		return kindPlain
 	case b == codec.HeaderTombstone && n == 1:
 		return kindTombstone
-	case b == headerLease:
+	case b == codec.HeaderLease:
 		return kindLease
 	case b == codec.HeaderGzip && len(head) > 1 && head[1] == 0x8b:
 		return kindGzip
