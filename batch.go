@@ -304,7 +304,9 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, jobs map[string
 	if len(loading) == 0 {
 		return
 	}
-	vals, err := protect(ctx, loading, func(ctx context.Context, keys []string) (map[string]T, error) { return fn(ctx, keys) })
+	vals, err := protect(ctx, fn, loading, func(ctx context.Context, fn func(context.Context, []string) (map[string]T, error), keys []string) (map[string]T, error) {
+		return fn(ctx, keys)
+	})
 	sctx := context.WithoutCancel(ctx)
 	if !live() {
 		c.releaseMany(sctx, loading, guards)

@@ -77,7 +77,7 @@ type Cache[T any] struct {
 	// lookupFn holds lookup[T], the work of a read flight, made into a
 	// value once: a generic function named inside generic code is a
 	// closure over its type dictionary, allocated each time it is named.
-	lookupFn func(context.Context, flight[T]) (result[T], error)
+	lookupFn func(context.Context, flight[T], *call[result[T]]) (result[T], error)
 	// joiningFn holds c.reentrant, for the same reason.
 	joiningFn func(context.Context, string) error
 
@@ -388,7 +388,7 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
 	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
-		r, err := lookup(ctx, f)
+		r, err := lookup(ctx, f, nil)
 		return c.deliver(key, p, r, err)
 	}
 	g := &c.lookups
@@ -402,13 +402,17 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 	return c.deliver(key, p, r, err)
 }
 
-// lookup is the work of one read, shared by the callers that coalesce: it
-// reads key, judges what Redis holds, and acts on the judgement.
-func lookup[T any](ctx context.Context, f flight[T]) (result[T], error) {
+// lookup is the work of one read, shared by the callers that coalesce (cl
+// is their call; nil without coalescing): it reads key, judges what Redis
+// holds, and acts on the judgement.
+func lookup[T any](ctx context.Context, f flight[T], cl *call[result[T]]) (result[T], error) {
 	c, key, p := f.c, f.key, f.p
 	var j judgement[T]
 	if b := c.nodes.forKey(ctx, key); b.allow() {
 		s, left, err := c.fetch(ctx, b, key, p)
+		if cl != nil {
+			cl.seal()
+		}
 		j = c.judge(key, p, s, err, left, f.ld != nil)
 	} else {
 		j = judgement[T]{v: vUnavailable, err: circuitOpen("get", key)}

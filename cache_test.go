@@ -2,11 +2,13 @@ package packcache_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -441,11 +443,22 @@ func TestRedisFailureIsTyped(t *testing.T) {
 }
 
 func TestNewRejectsInvalidOptions(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer rdb.Close()
+	if c, err := packcache.New[Channel](rdb); err != nil {
+		t.Fatalf("New with no options: %v", err)
+	} else {
+		c.Close()
+	}
 	bad := map[string]packcache.Option{
 		"nil codec":      packcache.WithCodec(nil),
-		"negative above": packcache.WithCompressAbove(-1),
+		"negative above": packcache.WithCompressAbove(-5),
+		"prefix above":   packcache.WithPrefix("a:", packcache.Policy{CompressAbove: -7}),
+		"prefix neg ttl": packcache.WithPrefix("a:", packcache.Policy{NegativeTTL: -2}),
+		"prefix stale":   packcache.WithPrefix("a:", packcache.Policy{StaleFor: -time.Second}),
+		"prefix jitter":  packcache.WithPrefix("a:", packcache.Policy{TTLJitter: 1.5}),
+		"redis timeout":  packcache.WithRedisTimeout(0),
+		"load timeout":   packcache.WithLoadTimeout(-time.Second),
 		"zero ttl":       packcache.WithTTL(0),
 		"sub-ms ttl":     packcache.WithTTL(time.Microsecond),
 		"max size":       packcache.WithMaxValueSize(0),
@@ -503,4 +516,76 @@ func TestMemoryUsage(t *testing.T) {
 		t.Fatalf("MEMORY USAGE plain %d, zstd %d: want zstd under half", p, z)
 	}
 	t.Logf("128 KiB channel: MEMORY USAGE plain %d B, zstd %d B (%.2f)", p, z, float64(z)/float64(p))
+}
+
+// TestPolicyInheritOffAll: every Policy field follows one rule: zero
+// inherits the cache's setting, Off turns it off for the prefix, and
+// CompressAbove's CompressAll compresses every value.
+func TestPolicyInheritOffAll(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "reads TTLs in real time")
+	ctx := ctxT(t)
+	var loads atomic.Int64
+	c := mustNew[Channel](t, rdb,
+		packcache.WithTTL(time.Hour),
+		packcache.WithTTLJitter(0.5),
+		packcache.WithNegativeTTL(time.Minute),
+		packcache.WithStaleFor(time.Hour),
+		packcache.WithCompressAbove(4096),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			loads.Add(1)
+			if strings.HasSuffix(key, ":absent") {
+				return Channel{}, packcache.ErrNotFound
+			}
+			return Channel{ID: key, Title: string(jsonText(200))}, nil
+		})),
+		packcache.WithPrefix("inherit:", packcache.Policy{}),
+		packcache.WithPrefix("off:", packcache.Policy{
+			TTLJitter: packcache.Off, NegativeTTL: packcache.Off, StaleFor: packcache.Off,
+			Loader: packcache.NoLoader, CompressAbove: packcache.Off,
+		}),
+		packcache.WithPrefix("all:", packcache.Policy{CompressAbove: packcache.CompressAll, TTL: packcache.Off}),
+	)
+	// inherit: jitter and the stale window apply, a miss loads, not-found
+	// is remembered, a 300-byte value is below the threshold.
+	if _, err := c.Get(ctx, "inherit:absent"); !errors.Is(err, packcache.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if raw := rawGet(t, rdb, "inherit:absent"); string(raw) != "\x0e" {
+		t.Fatalf("inherit: not-found not remembered: %q", raw)
+	}
+	if _, err := c.Get(ctx, "inherit:k"); err != nil {
+		t.Fatal(err)
+	}
+	if raw := rawGet(t, rdb, "inherit:k"); raw[0] != '{' {
+		t.Fatalf("inherit: a small value was not stored plain: %q", raw[:8])
+	}
+	if pttl := rdb.PTTL(ctx, "inherit:k").Val(); pttl > 2*time.Hour-time.Minute || pttl < time.Hour+30*time.Minute-time.Minute {
+		t.Fatalf("inherit: PTTL %v, want TTL jittered by up to half, plus the stale hour", pttl)
+	}
+	// off: no loader (a miss is a miss), no stale window, no jitter, and
+	// a large value stays plain.
+	if _, err := c.Get(ctx, "off:k"); !errors.Is(err, packcache.ErrMiss) {
+		t.Fatalf("off: Get with NoLoader: %v, want ErrMiss", err)
+	}
+	big := Channel{ID: "off:big", Title: string(jsonText(10_000))}
+	if err := c.Set(ctx, "off:big", big); err != nil {
+		t.Fatal(err)
+	}
+	if raw := rawGet(t, rdb, "off:big"); raw[0] != '{' {
+		t.Fatalf("off: a 10 KB value was compressed with CompressAbove Off: header %02x", raw[0])
+	}
+	if pttl := rdb.PTTL(ctx, "off:big").Val(); pttl < time.Hour-time.Minute || pttl > time.Hour {
+		t.Fatalf("off: PTTL %v, want the TTL exactly (no jitter, no stale window)", pttl)
+	}
+	// all: every value compressed, and TTL Off is no expiry.
+	if err := c.Set(ctx, "all:k", Channel{ID: "all:k", Title: string(jsonText(200))}); err != nil {
+		t.Fatal(err)
+	}
+	if raw := rawGet(t, rdb, "all:k"); raw[0] != codec.HeaderZstd {
+		t.Fatalf("all: a 250-byte value was not compressed with CompressAll: %q", raw[:4])
+	}
+	if pttl := rdb.PTTL(ctx, "all:k").Val(); pttl != -1 {
+		t.Fatalf("all: PTTL %v, want no expiry", pttl)
+	}
 }

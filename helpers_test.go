@@ -17,6 +17,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(child(mode)) // the other process of a cross-process test
+	}
 	// go-redis logs dial failures through its own global logger; the tests
 	// that stop servers make plenty.
 	redis.SetLogger(quietLogger{})

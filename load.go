@@ -226,7 +226,7 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 	if done {
 		return r, err
 	}
-	v, err := protect(ctx, loaderCall[T]{j.ld, key}, callLoader[T])
+	v, err := protect(ctx, j.ld, key, callLoader[T])
 	// Stores and releases run under their own budget, not the load's
 	// deadline, which may be about to end.
 	sctx := context.WithoutCancel(ctx)
@@ -412,12 +412,6 @@ func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g 
 // isNilPointer reports whether v, of a pointer type T, is nil.
 func isNilPointer[T any](v T) bool { return *(*unsafe.Pointer)(unsafe.Pointer(&v)) == nil }
 
-// loaderCall is a loader and its key, for protect.
-type loaderCall[T any] struct {
-	ld  Loader[T]
-	key string
-}
-
-func callLoader[T any](ctx context.Context, l loaderCall[T]) (T, error) {
-	return l.ld.Load(ctx, l.key)
+func callLoader[T any](ctx context.Context, ld Loader[T], key string) (T, error) {
+	return ld.Load(ctx, key)
 }

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
@@ -644,5 +647,174 @@ func TestSurgeBackgroundContext(t *testing.T) {
 	}
 	if loads.Load() != 1 {
 		t.Fatalf("loader called %d times", loads.Load())
+	}
+}
+
+// TestReentrantLoad: a loader that calls the cache for the key it is
+// loading, with the context it was given, gets ErrReentrantLoad at once
+// instead of waiting for itself until the load timeout; so does a cycle
+// through another key, and a GetOrLoadMany function that asks for one of
+// its own keys.
+func TestReentrantLoad(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var c *packcache.Cache[Channel]
+	var inner error
+	c = mustNew[Channel](t, rdb, packcache.WithLoadTimeout(20*time.Second), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		switch key {
+		case "self":
+			_, inner = c.Get(ctx, "self")
+		case "a":
+			_, inner = c.Get(ctx, "b") // b's load asks for a
+		case "b":
+			_, err := c.Get(ctx, "a")
+			return Channel{ID: "b"}, err
+		}
+		return Channel{ID: key}, nil
+	})))
+	start := time.Now()
+	v, err := c.Get(ctx, "self")
+	if !errors.Is(inner, packcache.ErrReentrantLoad) || err != nil || v.ID != "self" {
+		t.Fatalf("self: inner Get %v; outer %+v, %v", inner, v, err)
+	}
+	if _, err := c.Get(ctx, "a"); !errors.Is(inner, packcache.ErrReentrantLoad) {
+		t.Fatalf("cycle a -> b -> a: inner %v, outer %v", inner, err)
+	}
+	v, err = c.GetOrLoad(ctx, "g", func(ctx context.Context) (Channel, error) {
+		_, inner = c.GetOrLoad(ctx, "g", func(context.Context) (Channel, error) { return Channel{}, nil })
+		return Channel{ID: "g"}, nil
+	})
+	if !errors.Is(inner, packcache.ErrReentrantLoad) || err != nil {
+		t.Fatalf("GetOrLoad: inner %v, outer %v", inner, err)
+	}
+	_, err = c.GetOrLoadMany(ctx, []string{"m1", "m2"}, func(ctx context.Context, keys []string) (map[string]Channel, error) {
+		_, inner = c.Get(ctx, "m2")
+		return map[string]Channel{"m1": {ID: "m1"}, "m2": {ID: "m2"}}, nil
+	})
+	if !errors.Is(inner, packcache.ErrReentrantLoad) || err != nil {
+		t.Fatalf("GetOrLoadMany: inner %v, outer %v", inner, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v: a loader waited for itself", d)
+	}
+	// A loader may read other keys of the cache.
+	v, err = c.GetOrLoad(ctx, "outer", func(ctx context.Context) (Channel, error) {
+		in, err := c.Get(ctx, "self")
+		return Channel{ID: "outer+" + in.ID}, err
+	})
+	if err != nil || v.ID != "outer+self" {
+		t.Fatalf("a loader reading another key: %+v, %v", v, err)
+	}
+}
+
+// TestLoaderNilPointer: for a Cache of a pointer type, a loader's nil
+// pointer without an error is refused with ErrNilValue and not stored.
+func TestLoaderNilPointer(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[*Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[*Channel](func(ctx context.Context, key string) (*Channel, error) {
+		return nil, nil
+	})))
+	if _, err := c.Get(ctx, "nilptr"); !errors.Is(err, packcache.ErrNilValue) {
+		t.Fatalf("Get: %v, want ErrNilValue", err)
+	}
+	if _, err := c.GetOrLoadMany(ctx, []string{"nilptr2"}, func(context.Context, []string) (map[string]*Channel, error) {
+		return map[string]*Channel{"nilptr2": nil}, nil
+	}); !errors.Is(err, packcache.ErrNilValue) {
+		t.Fatalf("GetOrLoadMany: %v, want ErrNilValue", err)
+	}
+	if n := rdb.Exists(ctx, "nilptr", "nilptr2").Val(); n != 0 {
+		t.Fatal("a nil pointer was stored")
+	}
+}
+
+// blockScripts holds every EVALSHA and EVAL command at the hook, before it
+// takes a connection, while armed: the callers wait as they would on a
+// slow Redis, holding what they hold.
+type blockScripts struct {
+	armed   atomic.Bool
+	waiting atomic.Int64
+	release chan struct{}
+}
+
+func (h *blockScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *blockScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *blockScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); h.armed.Load() && (n == "evalsha" || n == "eval") {
+			h.waiting.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestHeapPerColdCall: 20,000 concurrent cold Gets of distinct keys with
+// values of about 30 bytes hold at most about 8 KiB of heap each while in
+// flight: while their loads run, and while their stores wait on Redis.
+// (Buffers are sized to the value, not pooled at 16 KiB.)
+func TestHeapPerColdCall(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation sizes; run without -race")
+	}
+	s := redistest.Start(t)
+	hook := &blockScripts{release: make(chan struct{})}
+	rdb := s.Client(t, func(o *redis.Options) { o.PoolSize = 64 })
+	rdb.AddHook(hook)
+	ctx := context.Background()
+	type small struct {
+		ID   int    `json:"id"`
+		Name string `json:"name"`
+	}
+	const n = 20_000
+	var entered atomic.Int64
+	var block atomic.Bool
+	loaded := make(chan struct{})
+	c := mustNew[small](t, rdb, packcache.WithRedisTimeout(time.Minute), packcache.WithLoadTimeout(time.Minute),
+		packcache.WithLoader(packcache.LoaderFunc[small](func(ctx context.Context, key string) (small, error) {
+			if block.Load() {
+				entered.Add(1)
+				<-loaded
+			}
+			return small{ID: 7, Name: "a thirty-byte v"}, nil
+		})))
+	c.Get(ctx, "warm-up") // make the scripts known, the pool warm
+	block.Store(true)
+
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, time.Minute) // a cancellable context, as in a server
+			defer cancel()
+			if v, err := c.Get(cctx, fmt.Sprintf("cold:%d", i)); err != nil || v.ID != 7 {
+				t.Errorf("Get: %+v, %v", v, err)
+			}
+		})
+	}
+	for entered.Load() < n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	inLoad := (heap() - before) / n
+	hook.armed.Store(true)
+	close(loaded)
+	for hook.waiting.Load() < n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	inStore := (heap() - before) / n
+	hook.armed.Store(false)
+	close(hook.release)
+	wg.Wait()
+	t.Logf("heap per cold call in flight, %d calls of 30-byte values: %d B while loading, %d B while storing", n, inLoad, inStore)
+	if inLoad > 8<<10 || inStore > 8<<10 {
+		t.Fatalf("heap per cold call: %d B loading, %d B storing; want at most 8 KiB", inLoad, inStore)
 	}
 }

@@ -6,7 +6,8 @@ package packcache
 // The rule in one sentence: a caller shares work on its key begun at most
 // the window before it arrived, still under way or ended, so that what it
 // gets is never from a read sent more than one window before its own would
-// have been; with a window of zero it shares only work still under way.
+// have been; with a window of zero it shares only a read whose reply has
+// not yet arrived.
 // A load is the exception: it is shared, while under way, with exactly
 // the callers whose own read found that load's lease in Redis, which
 // proves that no write has come since it began.
@@ -31,7 +32,10 @@ type heldCall[V any] struct {
 // is held.
 func (s *share[V]) joinable(c *call[V], now int64) bool {
 	if !c.finished {
-		return s.window == 0 || now < c.began+s.window
+		if s.window == 0 {
+			return !c.sealed.Load()
+		}
+		return now < c.began+s.window
 	}
 	return now < c.began+s.window
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,7 +60,17 @@ type call[V any] struct {
 	token    string   // for loads: the state the load began from; joins must match it
 	detached bool     // a write came after it began: no one may join it
 	prev     *call[V] // for loads: the call of the key under way when this one began
+
+	// sealed is set once a read's reply has arrived: with a share window
+	// of zero, only callers that come while the read itself is in flight
+	// share it (not while it goes on to load, which they join by the
+	// lease they find instead).
+	sealed atomic.Bool
 }
+
+// seal ends the sharing of a read under way with callers that come from
+// now on, when the group has no share window.
+func (c *call[V]) seal() { c.sealed.Store(true) }
 
 // acquire returns the call for key that a caller arriving at now may
 // share, and true; or registers a new call and returns it and false. A load
@@ -110,7 +121,7 @@ func (g *group[V, A]) acquire(key string, now int64, token string, leaderWaits b
 // joining, if not nil, is asked before a caller waits for work already
 // under way; an error it returns is the caller's result. It catches a
 // loader waiting for its own load.
-func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.Context, A) (V, error), joining func(context.Context, string) error) (v V, err error, shared bool) {
+func (g *group[V, A]) do(ctx context.Context, key string, a A, fn func(context.Context, A, *call[V]) (V, error), joining func(context.Context, string) error) (v V, err error, shared bool) {
 	done := ctx.Done()
 	c, joined := g.acquire(key, time.Now().UnixNano(), "", done != nil)
 	switch {
@@ -138,16 +149,16 @@ func (c *call[V]) finishedNow(mu *sync.Mutex) bool {
 	return c.finished
 }
 
-func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A) (V, error)) {
+func (g *group[V, A]) lead(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A, *call[V]) (V, error)) {
 	// If fn calls runtime.Goexit, protect does not return: err keeps
 	// errGoexit, and the deferred finish still releases the waiters.
 	var v V
 	err := errGoexit
 	defer func() { g.finish(key, c, v, err) }()
-	v, err = protect(ctx, a, fn)
+	v, err = protect(ctx, a, c, fn)
 }
 
-func (g *group[V, A]) run(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A) (V, error)) {
+func (g *group[V, A]) run(ctx context.Context, key string, c *call[V], a A, fn func(context.Context, A, *call[V]) (V, error)) {
 	if g.done != nil {
 		defer g.done()
 	}
@@ -235,13 +246,13 @@ func (g *group[V, A]) running(key, token string) *call[V] {
 // misbehaving loader fails its callers instead of crashing the process or
 // leaving them waiting. (A runtime.Goexit in fn ends the goroutine without
 // returning here; callers of protect handle it with a deferred finish.)
-func protect[V, A any](ctx context.Context, a A, fn func(context.Context, A) (V, error)) (v V, err error) {
+func protect[V, A, B any](ctx context.Context, a A, b B, fn func(context.Context, A, B) (V, error)) (v V, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	return fn(ctx, a)
+	return fn(ctx, a, b)
 }
 
 // wait returns c's result once it is final, or ctx's error if ctx ends

@@ -19,7 +19,9 @@ func newGroup(window time.Duration) *testGroup {
 	return g
 }
 
-func callFn(ctx context.Context, fn func(context.Context) (int, error)) (int, error) { return fn(ctx) }
+func callFn(ctx context.Context, fn func(context.Context) (int, error), _ *call[int]) (int, error) {
+	return fn(ctx)
+}
 
 // do adapts the group's allocation-free calling convention to closures,
 // which are handier in tests.

@@ -1,0 +1,182 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// TestOneJudgementForAllCalls runs every state a key can be in through the
+// four reading calls, on a single node and on the cluster: Get and GetMany
+// (no loader) must agree, and GetOrLoad and GetOrLoadMany (a loader) must
+// agree, on the value, the error, whether the loader runs and what Redis
+// holds afterwards.
+func TestOneJudgementForAllCalls(t *testing.T) {
+	const (
+		ttl          = time.Hour
+		staleFor     = time.Hour
+		refreshAfter = 30 * time.Minute
+	)
+	type want struct {
+		val     string // the value's ID; "" for none
+		err     error  // what the error matches; nil for none
+		loads   int64  // loader calls
+		after   string // what Redis holds afterwards: a substring, "unchanged", "<nil>", "<list>"
+		eventby string // with a refresh: what Redis holds eventually
+	}
+	type state struct {
+		name     string
+		setup    func(ctx context.Context, tg redistest.Target, key string)
+		lock     bool  // the cache has WithLock
+		loadErr  error // the loader fails
+		plain    want  // Get and GetMany
+		readThru want  // GetOrLoad and GetOrLoadMany
+	}
+	stored := func(pttl time.Duration) func(ctx context.Context, tg redistest.Target, key string) {
+		return func(ctx context.Context, tg redistest.Target, key string) {
+			tg.Client.Set(ctx, key, fmt.Sprintf(`{"id":"stored","title":%q}`, key), pttl)
+		}
+	}
+	raw := func(v string, pttl time.Duration) func(ctx context.Context, tg redistest.Target, key string) {
+		return func(ctx context.Context, tg redistest.Target, key string) { tg.Client.Set(ctx, key, v, pttl) }
+	}
+	lease := "\x0cforeign-process-lease"
+	states := []state{
+		{name: "hit", setup: stored(ttl + staleFor),
+			plain:    want{val: "stored", after: "unchanged"},
+			readThru: want{val: "stored", after: "unchanged"}},
+		{name: "miss", setup: func(context.Context, redistest.Target, string) {},
+			plain:    want{err: packcache.ErrMiss, after: "<nil>"},
+			readThru: want{val: "loaded", loads: 1, after: `"loaded"`}},
+		{name: "tombstone", setup: raw("\x0e", time.Minute),
+			plain:    want{err: packcache.ErrNotFound, after: "unchanged"},
+			readThru: want{err: packcache.ErrNotFound, after: "unchanged"}},
+		{name: "foreign-lease", setup: raw(lease, time.Minute),
+			plain:    want{err: packcache.ErrMiss, after: "unchanged"},
+			readThru: want{val: "loaded", loads: 1, after: "unchanged"}},
+		{name: "foreign-lease-with-lock", setup: raw(lease, time.Minute), lock: true,
+			plain:    want{err: packcache.ErrMiss, after: "unchanged"},
+			readThru: want{val: "loaded", loads: 1, after: `"loaded"`}},
+		{name: "undecodable", setup: raw("\x05garbage", time.Minute),
+			plain:    want{err: packcache.ErrUnknownHeader, after: "unchanged"},
+			readThru: want{val: "loaded", loads: 1, after: `"loaded"`}},
+		{name: "wrong-type", setup: func(ctx context.Context, tg redistest.Target, key string) { tg.Client.RPush(ctx, key, "x") },
+			plain:    want{err: packcache.ErrRedis, after: "<list>"},
+			readThru: want{val: "loaded", loads: 1, after: "<list>"}},
+		{name: "stale", setup: stored(staleFor / 2),
+			plain:    want{err: packcache.ErrMiss, after: "unchanged"},
+			readThru: want{val: "loaded", loads: 1, after: `"loaded"`}},
+		{name: "stale-load-fails", setup: stored(staleFor / 2), loadErr: errors.New("database down"),
+			plain:    want{err: packcache.ErrMiss, after: "unchanged"},
+			readThru: want{val: "stored", loads: 1, after: "unchanged"}},
+		{name: "refresh-due", setup: stored(ttl + staleFor - refreshAfter - time.Minute),
+			plain:    want{val: "stored", after: "unchanged"},
+			readThru: want{val: "stored", loads: 1, eventby: `"loaded"`}},
+	}
+	calls := []string{"Get", "GetMany", "GetOrLoad", "GetOrLoadMany"}
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, st := range states {
+			for _, call := range calls {
+				t.Run(st.name+"/"+call, func(t *testing.T) {
+					ctx := ctxT(t)
+					key := "judge:" + tg.Name + ":" + st.name + ":" + call
+					tg.Client.Del(ctx, key)
+					st.setup(ctx, tg, key)
+					before, _ := tg.Client.Get(ctx, key).Result()
+					opts := []packcache.Option{packcache.WithTTL(ttl), packcache.WithStaleFor(staleFor), packcache.WithRefreshAfter(refreshAfter)}
+					if st.lock {
+						opts = append(opts, packcache.WithLock(200*time.Millisecond))
+					}
+					c := mustNew[Channel](t, tg.Client, opts...)
+					var loads atomic.Int64
+					load := func() (Channel, error) {
+						loads.Add(1)
+						return Channel{ID: "loaded"}, st.loadErr
+					}
+					var v Channel
+					var err error
+					w := st.plain
+					switch call {
+					case "Get":
+						v, err = c.Get(ctx, key)
+					case "GetMany":
+						var m map[string]Channel
+						m, err = c.GetMany(ctx, []string{key})
+						v = m[key]
+					case "GetOrLoad":
+						w = st.readThru
+						v, err = c.GetOrLoad(ctx, key, func(context.Context) (Channel, error) { return load() })
+					case "GetOrLoadMany":
+						w = st.readThru
+						var m map[string]Channel
+						m, err = c.GetOrLoadMany(ctx, []string{key}, func(_ context.Context, keys []string) (map[string]Channel, error) {
+							v, err := load()
+							return map[string]Channel{keys[0]: v}, err
+						})
+						v = m[key]
+					}
+					// The batch calls leave ErrMiss and ErrNotFound
+					// keys out of their maps without an error.
+					batch := strings.HasSuffix(call, "Many")
+					wantErr := w.err
+					if batch && (errors.Is(wantErr, packcache.ErrMiss) || errors.Is(wantErr, packcache.ErrNotFound)) {
+						wantErr = nil
+					}
+					switch {
+					case wantErr == nil && err != nil:
+						t.Fatalf("error %v, want none", err)
+					case wantErr != nil && !errors.Is(err, wantErr):
+						t.Fatalf("error %v, want %v", err, wantErr)
+					case wantErr != nil && !errors.Is(err, packcache.ErrMiss) && !errors.Is(err, packcache.ErrNotFound) && !isKeyErr(err, key):
+						t.Fatalf("error %v does not name the key", err)
+					}
+					if v.ID != w.val {
+						t.Fatalf("value %q, want %q", v.ID, w.val)
+					}
+					if w.eventby == "" && loads.Load() != w.loads {
+						t.Fatalf("loader called %d times, want %d", loads.Load(), w.loads)
+					}
+					check := func(want string) bool {
+						typ := tg.Client.Type(ctx, key).Val()
+						now, gerr := tg.Client.Get(ctx, key).Result()
+						switch want {
+						case "": // racing a background refresh: see eventby
+							return true
+						case "unchanged":
+							return now == before
+						case "<nil>":
+							return typ == "none"
+						case "<list>":
+							return typ == "list"
+						}
+						return gerr == nil && strings.Contains(now, want)
+					}
+					if !check(w.after) {
+						t.Fatalf("Redis holds %q (was %q), want %s", tg.Client.Get(ctx, key).Val(), before, w.after)
+					}
+					if w.eventby != "" {
+						for deadline := time.Now().Add(5 * time.Second); !check(w.eventby); time.Sleep(5 * time.Millisecond) {
+							if time.Now().After(deadline) {
+								t.Fatalf("the refresh did not store: Redis holds %q", tg.Client.Get(ctx, key).Val())
+							}
+						}
+						if loads.Load() != w.loads {
+							t.Fatalf("loader called %d times, want %d", loads.Load(), w.loads)
+						}
+					}
+					if raw := tg.Client.Get(ctx, key).Val(); raw != "" && raw[0] == codec.HeaderLease && raw != lease {
+						t.Fatalf("a lease of this cache's was left behind: %q", raw)
+					}
+				})
+			}
+		}
+	})
+}

@@ -1,0 +1,199 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/packcache/packcache"
+)
+
+// TestCloseDuringTraffic: Close, called three times at once while fifty
+// goroutines make every kind of call, neither panics nor hangs; once it has
+// returned, every call fails with ErrClosed; and no goroutine of the
+// cache's is left.
+func TestCloseDuringTraffic(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	baseline := runtime.NumGoroutine()
+	load := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		time.Sleep(time.Millisecond)
+		return Channel{ID: key}, nil
+	})
+	c, err := packcache.New[Channel](rdb, packcache.WithLoader(load), packcache.WithRefreshAfter(time.Millisecond), packcache.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := func(ctx context.Context, keys []string) (map[string]Channel, error) {
+		m := map[string]Channel{}
+		for _, k := range keys {
+			m[k] = Channel{ID: k}
+		}
+		return m, nil
+	}
+	var stop atomic.Bool
+	var unexpected atomic.Value
+	var wg sync.WaitGroup
+	for w := range 50 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				k := fmt.Sprintf("close:%d", (w+i)%20)
+				var err error
+				switch i % 7 {
+				case 0:
+					_, err = c.Get(ctx, k)
+				case 1:
+					_, err = c.GetOrLoad(ctx, k, func(ctx context.Context) (Channel, error) { return Channel{ID: k}, nil })
+				case 2:
+					err = c.Set(ctx, k, Channel{ID: k})
+				case 3:
+					err = c.Delete(ctx, k)
+				case 4:
+					_, err = c.GetMany(ctx, []string{k, k + "x"})
+				case 5:
+					err = c.SetMany(ctx, map[string]Channel{k: {ID: k}})
+				case 6:
+					_, err = c.GetOrLoadMany(ctx, []string{k, k + "y"}, batch)
+				}
+				if err != nil && !errors.Is(err, packcache.ErrClosed) && !errors.Is(err, packcache.ErrMiss) {
+					unexpected.Store(err)
+				}
+			}
+		})
+	}
+	time.Sleep(100 * time.Millisecond)
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- c.Close() }()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	// Every call made after Close returned fails with ErrClosed.
+	if _, err := c.Get(ctx, "close:1"); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("Get after Close: %v", err)
+	}
+	if _, err := c.GetOrLoad(ctx, "close:1", func(context.Context) (Channel, error) { return Channel{}, nil }); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("GetOrLoad after Close: %v", err)
+	}
+	if err := c.Set(ctx, "close:1", Channel{}); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("Set after Close: %v", err)
+	}
+	if err := c.Delete(ctx, "close:1"); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("Delete after Close: %v", err)
+	}
+	if _, err := c.GetMany(ctx, []string{"close:1"}); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("GetMany after Close: %v", err)
+	}
+	if err := c.SetMany(ctx, map[string]Channel{"close:1": {}}); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("SetMany after Close: %v", err)
+	}
+	if _, err := c.GetOrLoadMany(ctx, []string{"close:1"}, batch); !errors.Is(err, packcache.ErrClosed) {
+		t.Errorf("GetOrLoadMany after Close: %v", err)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if err, _ := unexpected.Load().(error); err != nil {
+		t.Errorf("a call during Close failed with %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("a fourth Close: %v", err)
+	}
+	if n := waitGoroutines(baseline, 3*time.Second); n > baseline {
+		buf := make([]byte, 1<<20)
+		t.Errorf("%d goroutines after Close, %d before:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestCloseWaitsForBackgroundWork: a load whose callers have left, and a
+// background refresh, go on after Close begins; Close returns once they
+// have ended, and their values are stored.
+func TestCloseWaitsForBackgroundWork(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var slow atomic.Bool
+	load := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		if slow.Load() {
+			time.Sleep(300 * time.Millisecond)
+		}
+		return Channel{ID: key, Title: "loaded"}, nil
+	})
+	c, err := packcache.New[Channel](rdb, packcache.WithLoader(load), packcache.WithRefreshAfter(50*time.Millisecond), packcache.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A value due for refresh, written as another process would.
+	old, _ := packcache.New[Channel](rdb, packcache.WithTTL(time.Minute))
+	defer old.Close()
+	if err := old.Set(ctx, "bg:refresh", Channel{ID: "bg:refresh", Title: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond)
+	slow.Store(true)
+	if v, err := c.Get(ctx, "bg:refresh"); err != nil || v.Title != "old" {
+		t.Fatalf("Get of a value due for refresh: %+v, %v", v, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := c.Get(short, "bg:detached"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("caller that leaves: %v", err)
+	}
+	start := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Errorf("Close returned after %v, before the background work ended", d)
+	}
+	for _, k := range []string{"bg:refresh", "bg:detached"} {
+		if raw := string(rawGet(t, rdb, k)); !strings.Contains(raw, `"loaded"`) {
+			t.Errorf("%s after Close: Redis holds %q, want the loaded value", k, raw)
+		}
+	}
+}
+
+// TestCloseBoundedByLoadTimeout: a loader that ignores its context keeps
+// its goroutine, but not Close: Close returns after about the load timeout
+// plus the Redis budget and says what is still running.
+func TestCloseBoundedByLoadTimeout(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	done := make(chan struct{})
+	c, err := packcache.New[Channel](rdb, packcache.WithLoadTimeout(200*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			defer close(done)
+			time.Sleep(1500 * time.Millisecond) // ignores ctx
+			return Channel{ID: key}, nil
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get(ctx, "stubborn"); !errors.Is(err, packcache.ErrLoadTimeout) {
+		t.Fatalf("Get: %v, want ErrLoadTimeout", err)
+	}
+	start := time.Now()
+	err = c.Close()
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "still running") {
+		t.Errorf("Close with a loader ignoring its context: %v", err)
+	}
+	if took > time.Second {
+		t.Errorf("Close took %v, want about the load timeout and budget", took)
+	}
+	<-done
+	// The late value is not stored (its load timed out), and its lease is
+	// removed once the loader returns.
+	for deadline := time.Now().Add(2 * time.Second); rdb.Exists(ctx, "stubborn").Val() != 0; time.Sleep(10 * time.Millisecond) {
+		if raw := rdb.Get(ctx, "stubborn").Val(); raw == "" || raw[0] != 0x0c || time.Now().After(deadline) {
+			t.Fatalf("after a load past its timeout the key holds %q", raw)
+		}
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package packcache_test
+
+const raceEnabled = false

@@ -1,0 +1,108 @@
+package packcache_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// delayGets delays the reply of every GET by delay, as a slow network or
+// a descheduled client would: the read is done in Redis, its caller hears
+// of it later.
+type delayGets struct{ delay time.Duration }
+
+func (h delayGets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h delayGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h delayGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "get" {
+			time.Sleep(h.delay)
+		}
+		return err
+	}
+}
+
+// TestShareWindowBoundWithSlowReplies: the share window's promise holds
+// when replies are slow: a Get never returns a value from a read begun
+// more than one window before it, so a write by another process is seen by
+// every Get that starts more than one window after the write returned,
+// however long the replies take.
+func TestShareWindowBoundWithSlowReplies(t *testing.T) {
+	s := redistest.Start(t)
+	const delay = 300 * time.Millisecond
+	const window = packcache.DefaultShareWindow
+	slow := s.Client(t)
+	slow.AddHook(delayGets{delay})
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, slow)
+	other := mustNew[Channel](t, s.Client(t)) // another process, with a fast link
+	if err := other.Set(ctx, "w", Channel{ID: "v1"}); err != nil {
+		t.Fatal(err)
+	}
+	type obs struct {
+		start time.Time
+		id    string
+	}
+	var (
+		mu   sync.Mutex
+		seen []obs
+		stop atomic.Bool
+		wg   sync.WaitGroup
+	)
+	for range 16 {
+		wg.Go(func() {
+			for !stop.Load() {
+				start := time.Now()
+				v, err := c.Get(ctx, "w")
+				if err != nil {
+					t.Errorf("Get: %v", err)
+					return
+				}
+				mu.Lock()
+				seen = append(seen, obs{start, v.ID})
+				mu.Unlock()
+				time.Sleep(time.Duration(start.UnixNano()%7) * time.Millisecond) // spread the arrivals
+			}
+		})
+	}
+	time.Sleep(2 * delay)
+	if err := other.Set(ctx, "w", Channel{ID: "v2"}); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	time.Sleep(3 * delay)
+	stop.Store(true)
+	wg.Wait()
+	var latestOld time.Duration = -1
+	var oldAfter, newAfter int
+	for _, o := range seen {
+		d := o.start.Sub(written)
+		if d < 0 {
+			continue
+		}
+		if o.id == "v1" {
+			oldAfter++
+			latestOld = max(latestOld, d)
+		} else {
+			newAfter++
+		}
+	}
+	t.Logf("replies delayed %v, window %v: %d Gets begun after the write saw the old value, the latest %v after it; %d saw the new one",
+		delay, window, oldAfter, max(latestOld, 0), newAfter)
+	if newAfter == 0 {
+		t.Fatal("no Get saw the write")
+	}
+	if latestOld > window+2*time.Millisecond {
+		t.Fatalf("a Get begun %v after another process's write returned got the old value; the window is %v", latestOld, window)
+	}
+}
