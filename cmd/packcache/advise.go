@@ -176,8 +176,9 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	// decoded stay as they are under any policy: they count in the
 	// memory projection at their current size but are not measured.
 	var values []sampled
-	var memOther float64
+	var memOther, memSample float64
 	for _, v := range g.values {
+		memSample += float64(v.mem)
 		if v.decoded == nil {
 			memOther += float64(v.mem)
 			continue
@@ -212,7 +213,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		if err != nil {
 			return err
 		}
-		r.project(values, memOther, len(g.values), g.Keys)
+		r.project(values, memOther, memSample, float64(g.MemoryEst))
 		r.Eligible = r.GetUs <= o.maxGetUs && r.SetUs <= o.maxSetUs
 		results = append(results, r)
 		bar.add(1)
@@ -414,10 +415,12 @@ func (r *result) threshold() {
 }
 
 // project works out the stored bytes of the sample and the projected
-// memory of the prefix: each measured value's MEMORY USAGE with its bytes
-// replaced by what the codec stores, the unmeasured ones as they are,
-// averaged and times the key count.
-func (r *result) project(values []sampled, memOther float64, sampled int, keys int64) {
+// memory of the prefix: the prefix's memory now, scaled by how the sample's
+// MEMORY USAGE changes when each measured value's allocation is replaced by
+// the one for what the codec stores (the unmeasured ones stay as they are).
+// memSample is the sample's MEMORY USAGE now, memOther that of its
+// unmeasured values.
+func (r *result) project(values []sampled, memOther, memSample, memNow float64) {
 	r.Stored = r.storedAt(r.Above)
 	mem := memOther
 	for i, v := range values {
@@ -428,7 +431,7 @@ func (r *result) project(values []sampled, memOther float64, sampled int, keys i
 		}
 		mem += float64(v.mem - redisAlloc(len(v.stored)) + redisAlloc(n))
 	}
-	r.Memory = mem / float64(sampled) * float64(keys)
+	r.Memory = memNow * mem / memSample
 	t := target{choice: r.choice, above: r.Above}
 	if r.Above < 0 {
 		t.above = never

@@ -101,6 +101,8 @@ type group struct {
 	sample  []sampleKey
 	seen    int64 // keys offered to the sample
 	values  []sampled
+
+	memModelled bool // MEMORY USAGE failed: memory is from a model
 }
 
 type mixEntry struct {
@@ -330,6 +332,13 @@ func sampleValues(ctx context.Context, c *conn, g *group) error {
 				return fmt.Errorf("GET %s: %w", s.key, err)
 			}
 			sv := sampled{key: s.key, stored: v, kind: classify(v, len(v)), mem: mems[i].Val(), pttl: pttlMillis(pttls[i])}
+			if mems[i].Err() != nil {
+				// MEMORY USAGE may be renamed or denied (managed
+				// Redis): model the value's allocation and the
+				// key's, as measured on Redis 7.0.
+				sv.mem = redisAlloc(len(v)) + redisAlloc(len(s.key)) + 40
+				g.memModelled = true
+			}
 			if sv.kind != kindTombstone && sv.kind != kindLease {
 				sv.decoded, sv.err = codec.DecodeValue(nil, v, c.limit)
 				if sv.err != nil {
@@ -364,11 +373,11 @@ func (g *group) finish() {
 	type sums struct{ stored, decoded int64 }
 	byLabel := map[string]*sums{}
 	var all sums
-	var mem, memN int64
+	var overhead, memN int64
 	for _, v := range g.values {
 		g.Sampled++
 		if v.mem > 0 {
-			mem += v.mem
+			overhead += v.mem - int64(len(v.stored))
 			memN++
 		}
 		if v.decoded == nil {
@@ -393,6 +402,9 @@ func (g *group) finish() {
 		all.stored += int64(len(v.stored))
 		all.decoded += int64(len(v.decoded))
 	}
+	if g.memModelled {
+		g.Notes = append(g.Notes, "MEMORY USAGE failed: memory estimated from a model of Redis's allocations")
+	}
 	for _, m := range g.Mix {
 		switch m.Codec {
 		case "plain":
@@ -413,8 +425,14 @@ func (g *group) finish() {
 			g.DecodedEst += int64(float64(m.Bytes) * float64(s.decoded) / float64(s.stored))
 		}
 	}
+	// Memory: the exact stored bytes plus, for every key, the sample's
+	// mean of what MEMORY USAGE adds to a value's length (key, object,
+	// allocator rounding). Scaling the sample's mean MEMORY USAGE by the
+	// key count instead would carry all the variance of the value sizes:
+	// on 2,000 chat channels of 2 to 128 KB, samples of 100 gave 49 and
+	// 63 MiB for 55 MiB of values.
 	if memN > 0 {
-		g.MemoryEst = int64(float64(mem) / float64(memN) * float64(g.Keys))
+		g.MemoryEst = g.Stored + int64(float64(overhead)/float64(memN)*float64(g.Keys))
 	}
 }
 
@@ -436,7 +454,7 @@ func printStats(w io.Writer, groups []*group) {
 			row("decoded (est.)", "%s, stored/decoded %.3f, from %d sampled values", bytesIEC(float64(g.DecodedEst)), float64(g.Stored)/float64(g.DecodedEst), g.Sampled)
 		}
 		if g.MemoryEst > 0 {
-			row("memory (est.)", "%s, MEMORY USAGE of the sample x keys", bytesIEC(float64(g.MemoryEst)))
+			row("memory (est.)", "%s: stored bytes + keys x the sample's mean MEMORY USAGE overhead", bytesIEC(float64(g.MemoryEst)))
 		}
 		row("stored plain", "%s of keys, %s of bytes (plain JSON or 01 none)", share(float64(g.PlainKeys), float64(g.Keys)), share(float64(g.PlainBytes), float64(g.Stored)))
 		var mix []string
