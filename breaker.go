@@ -62,12 +62,6 @@ func (b *breaker) failure() {
 	}
 }
 
-// open reports whether the breaker is open now.
-func (b *breaker) open() bool {
-	until := b.openUntil.Load()
-	return until != 0 && time.Now().UnixNano() < until
-}
-
 // nodes holds one breaker per Redis node. On a *redis.ClusterClient a key's
 // node is its slot's master, as the client itself maps it; on any other
 // client every key has the one node.
@@ -102,12 +96,6 @@ func (n *nodes) forKey(ctx context.Context, key string) *breaker {
 	}
 	b, _ := n.byAddr.LoadOrStore(addr, &breaker{cfg: n.cfg, addr: addr})
 	return b.(*breaker)
-}
-
-// each calls f for every breaker the cache has used.
-func (n *nodes) each(f func(*breaker)) {
-	f(&n.one)
-	n.byAddr.Range(func(_, v any) bool { f(v.(*breaker)); return true })
 }
 
 // outcome is what one Redis operation says about its node's health.

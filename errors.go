@@ -72,6 +72,8 @@ var (
 	// DoNotCache is returned by a Loader together with a value to say the
 	// value is to be returned to callers but not stored, for partial or
 	// degraded results. Callers see the value and a nil error.
+	//
+	//lint:ignore ST1012 DoNotCache is a signal, like io.EOF, not a failure: an Err name would mislead.
 	DoNotCache = errors.New("packcache: do not cache")
 )
 

@@ -169,6 +169,9 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 	if joined {
 		f.p.stats.coalescedWaits.Add(1)
 	} else {
+		// On a goroutine of its own even when this caller cannot leave:
+		// the callers must be released at the load timeout whether or
+		// not the loader heeds its context.
 		c.life.spawn()
 		go c.runLoad(ctx, cl, job)
 	}

@@ -518,7 +518,7 @@ func run(cfg config, out io.Writer) (*report, error) {
 				default:
 					op = opDelete
 				}
-				t0 := time.Now()
+				var t0 time.Time
 				switch op {
 				case opGet:
 					s0 := st.snap()

@@ -9,9 +9,12 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
@@ -328,6 +331,91 @@ func (e *env) suiteCost(ctx context.Context) error {
 			e.rdb.Del(ctx, k)
 		}
 	}
+	return e.missCost(ctx, inputs[0].raw, inputs[min(2, len(inputs)-1)].raw)
+}
+
+// missCost measures a read-through miss: GetOrLoad of an absent key whose
+// loader returns at once, against the same done by hand (GET, then SET of
+// the same bytes packcache stores). The difference is the lease: one more
+// round trip, and the store by a script.
+func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
+	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(0), default codec; against go-redis GET (a miss) then SET of the same stored bytes, by hand. µs: median (min–max) of %d runs. Commands per miss: INFO commandstats delta (a script's own GET and SET calls are counted inside it, not as round trips).", e.cfg.reps))
+	fmt.Fprintln(e.out, "| value | subject | N | µs per miss | round trips per miss | commands (per miss) | ratio to by-hand |")
+	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|---|--:|")
+	for di, doc := range docs {
+		c, err := packcache.New[[]byte](e.rdb, packcache.WithShareWindow(0))
+		if err != nil {
+			return err
+		}
+		stored, err := codec.AppendValue(nil, codec.Zstd, doc)
+		if err != nil {
+			return err
+		}
+		n := opsFor(len(doc), e.cfg.quick, e.cfg.ops)
+		var seq atomic.Int64
+		pc := func() error {
+			k := e.key("miss", "pc", fmt.Sprint(di), fmt.Sprint(seq.Add(1)))
+			_, err := c.GetOrLoad(ctx, k, func(context.Context) ([]byte, error) { return doc, nil })
+			return err
+		}
+		hand := func() error {
+			k := e.key("miss", "hand", fmt.Sprint(di), fmt.Sprint(seq.Add(1)))
+			if err := e.rdb.Get(ctx, k).Err(); err != redis.Nil {
+				return fmt.Errorf("by hand: GET of an absent key: %v", err)
+			}
+			return e.rdb.Set(ctx, k, stored, time.Hour).Err()
+		}
+		pc() // the scripts, loaded once per node
+		type subj struct {
+			name string
+			f    func() error
+			ts   []float64
+			cmds map[string]int64
+		}
+		subs := []*subj{{name: "by hand: GET + SET", f: hand}, {name: "packcache GetOrLoad", f: pc}}
+		for range e.cfg.reps {
+			for _, s := range subs { // interleaved, so that noise falls on both
+				before, err := e.cmdCalls(ctx)
+				if err != nil {
+					return err
+				}
+				t := time.Now()
+				for range n {
+					if err := s.f(); err != nil {
+						return err
+					}
+				}
+				s.ts = append(s.ts, float64(time.Since(t).Nanoseconds())/float64(n))
+				after, err := e.cmdCalls(ctx)
+				if err != nil {
+					return err
+				}
+				if s.cmds == nil {
+					s.cmds = map[string]int64{}
+					for name, v := range after {
+						if d := v - before[name]; d > 0 && name != "info" {
+							s.cmds[name] = d
+						}
+					}
+				}
+			}
+		}
+		c.Close()
+		base := spreadOf(subs[0].ts).med
+		for _, s := range subs {
+			var names []string
+			for name, v := range s.cmds {
+				names = append(names, fmt.Sprintf("%s %.2f", name, float64(v)/float64(n)))
+			}
+			// Each of packcache's lease scripts makes one GET and one SET
+			// of its own inside Redis: a round trip is a command sent.
+			scripts := s.cmds["evalsha"] + s.cmds["eval"]
+			trips := float64(s.cmds["get"]+s.cmds["set"]-scripts) / float64(n)
+			slices.Sort(names)
+			sp := spreadOf(s.ts)
+			fmt.Fprintf(e.out, "| %s | %s | %d | %s | %.2f | %s | %.2f |\n", human(len(doc)), s.name, n, sp.us(), trips, strings.Join(names, ", "), sp.med/base)
+		}
+	}
 	return nil
 }
 
@@ -472,17 +560,16 @@ func (e *env) suiteBacklog(ctx context.Context) error {
 // ---------------------------------------------------------------- surge
 
 type surgeResult struct {
-	wall      time.Duration
-	p50, p99  time.Duration
-	gets      int64
-	sets      int64
-	loads     int64
-	decodes   int64
-	peakHeap  uint64 // growth of heap objects bytes over the pre-surge level (after a GC), peak sampled during the surge
-	baseHeap  uint64 // heap objects bytes before the surge
-	errs      int64
-	firstErr  error
-	statsNote string
+	wall     time.Duration
+	p50, p99 time.Duration
+	gets     int64
+	sets     int64
+	loads    int64
+	decodes  int64
+	peakHeap uint64 // growth of heap objects bytes over the pre-surge level (after a GC), peak sampled during the surge
+	baseHeap uint64 // heap objects bytes before the surge
+	errs     int64
+	firstErr error
 }
 
 // runSurge starts n goroutines that wait on a barrier, then each calls f.
