@@ -57,7 +57,7 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 		switch {
 		case err == redis.Nil:
 		case err != nil:
-			c.policy(k).stats.redisErrors.Add(1)
+			c.redisFailed(c.policy(k), nb.of[i], err)
 			out[i].err = keyErr("get", k, redisErr(err))
 		case pttls[i] != nil:
 			if d, perr := pttls[i].Result(); perr == nil && d > 0 {
@@ -129,7 +129,7 @@ func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, er
 		p := c.policy(k)
 		j := c.judge(k, p, rp.s, rp.err, rp.left, false)
 		_, err := c.rule(ctx, k, j, false)
-		v, err := c.deliver(k, p, j.r, err)
+		v, err := c.deliver(k, p, j.r, err, false)
 		switch {
 		case err == nil:
 			found[k] = v
@@ -185,7 +185,7 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 		load, err := c.rule(ctx, k, j, true)
 		switch {
 		case err != nil:
-			if _, err := c.deliver(k, p, j.r, err); !errors.Is(err, ErrNotFound) {
+			if _, err := c.deliver(k, p, j.r, err, false); !errors.Is(err, ErrNotFound) {
 				errs = append(errs, err)
 			}
 			continue
@@ -201,7 +201,7 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 		if j.refresh {
 			c.refresh(ctx, flight[T]{c: c, key: k, p: p, ld: ld}, j)
 		}
-		if v, err := c.deliver(k, p, j.r, nil); err != nil {
+		if v, err := c.deliver(k, p, j.r, nil, false); err != nil {
 			errs = append(errs, err)
 		} else {
 			found[k] = v
@@ -226,13 +226,13 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 	for k := range others {
 		c.policy(k).stats.coalescedWaits.Add(1)
 	}
-	for _, set := range []map[string]*call[result[T]]{own, others} {
+	for i, set := range []map[string]*call[result[T]]{own, others} {
 		for k, cl := range set {
 			r, err := wait(ctx, cl)
 			if err != nil && ctx.Err() != nil {
 				return found, ctx.Err()
 			}
-			v, err := c.deliver(k, c.policy(k), r, err)
+			v, err := c.deliver(k, c.policy(k), r, err, i == 1)
 			switch {
 			case err == nil:
 				found[k] = v
@@ -304,6 +304,7 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, jobs map[string
 	if len(loading) == 0 {
 		return
 	}
+	start := time.Now()
 	vals, err := protect(ctx, fn, loading, func(ctx context.Context, fn func(context.Context, []string) (map[string]T, error), keys []string) (map[string]T, error) {
 		return fn(ctx, keys)
 	})
@@ -313,8 +314,10 @@ func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, jobs map[string
 		for _, k := range loading {
 			errs[k] = c.loadEnded(ctx, k)
 		}
+		c.observeLoad(c.policy(loading[0]), len(loading), start, errs[loading[0]])
 		return
 	}
+	c.observeLoad(c.policy(loading[0]), len(loading), start, err)
 	noStore := errors.Is(err, DoNotCache)
 	if err != nil && !noStore {
 		c.releaseMany(sctx, loading, guards)
@@ -427,7 +430,7 @@ func (c *Cache[T]) settleMany(ctx context.Context, keys []string, jobs map[strin
 		case err == redis.Nil:
 			guards[k] = guard{guardLease, jobs[k].token}
 		case err != nil:
-			p.stats.redisErrors.Add(1)
+			c.redisFailed(p, nb.of[i], err)
 			c.report(ctx, k, keyErr("lease", k, redisErr(err)))
 			guards[k] = guard{}
 		default:
@@ -497,7 +500,7 @@ func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) {
 		nb.saw(i, judgeRedis(ctx, err))
 		switch {
 		case err != nil:
-			p.stats.redisErrors.Add(1)
+			c.redisFailed(p, nb.of[i], err)
 			c.report(ctx, w.key, keyErr("set", w.key, redisErr(err)))
 		case n == 0:
 			p.stats.superseded.Add(1)
@@ -628,7 +631,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 		err := cmd.Err()
 		nb.saw(i, judgeRedis(ctx, err))
 		if err != nil {
-			p.stats.redisErrors.Add(1)
+			c.redisFailed(p, nb.of[i], err)
 			errs = append(errs, keyErr("set", keys[i], redisErr(err)))
 			continue
 		}
@@ -665,7 +668,7 @@ func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
 		err := cmd.Err()
 		nb.saw(i, judgeRedis(ctx, err))
 		if err != nil {
-			c.policy(keys[i]).stats.redisErrors.Add(1)
+			c.redisFailed(c.policy(keys[i]), nb.of[i], err)
 			errs = append(errs, keyErr("delete", keys[i], redisErr(err)))
 		}
 	}

@@ -17,7 +17,8 @@ import (
 // failure opens it again.
 type breaker struct {
 	cfg       breakerConfig
-	addr      string // the node's address, for observers; "" on a single node
+	addr      string   // the node's address, for observers; "" on a single node
+	obs       Observer // told when it opens or closes; nil: nobody
 	failures  atomic.Int64
 	openUntil atomic.Int64 // unix nanoseconds; 0 when closed
 	probeAt   atomic.Int64 // unix nanoseconds the probe began; 0 when none
@@ -46,9 +47,9 @@ func (b *breaker) success() {
 	if b.failures.Load() != 0 {
 		b.failures.Store(0)
 	}
-	if b.openUntil.Load() != 0 {
-		b.openUntil.Store(0)
+	if b.openUntil.Load() != 0 && b.openUntil.Swap(0) != 0 {
 		b.probeAt.Store(0)
+		b.notify(false)
 	}
 }
 
@@ -57,8 +58,17 @@ func (b *breaker) failure() {
 		return
 	}
 	if n := b.failures.Add(1); n >= int64(b.cfg.failures) || b.openUntil.Load() != 0 {
-		b.openUntil.Store(time.Now().Add(b.cfg.cooldown).UnixNano())
+		old := b.openUntil.Swap(time.Now().Add(b.cfg.cooldown).UnixNano())
 		b.probeAt.Store(0)
+		if old == 0 {
+			b.notify(true)
+		}
+	}
+}
+
+func (b *breaker) notify(open bool) {
+	if b.obs != nil {
+		b.obs.ObserveRedis(RedisEvent{Node: b.addr, Breaker: true, Open: open})
 	}
 }
 
@@ -67,13 +77,14 @@ func (b *breaker) failure() {
 // client every key has the one node.
 type nodes struct {
 	cfg     breakerConfig
+	obs     Observer
 	cluster *redis.ClusterClient
 	one     breaker // the node of a non-cluster client, and of keys whose master is unknown
 	byAddr  sync.Map
 }
 
-func newNodes(rdb redis.UniversalClient, cfg breakerConfig) *nodes {
-	n := &nodes{cfg: cfg, one: breaker{cfg: cfg}}
+func newNodes(rdb redis.UniversalClient, cfg breakerConfig, obs Observer) *nodes {
+	n := &nodes{cfg: cfg, obs: obs, one: breaker{cfg: cfg, obs: obs}}
 	n.cluster, _ = rdb.(*redis.ClusterClient)
 	return n
 }
@@ -94,7 +105,7 @@ func (n *nodes) forKey(ctx context.Context, key string) *breaker {
 	if b, ok := n.byAddr.Load(addr); ok {
 		return b.(*breaker)
 	}
-	b, _ := n.byAddr.LoadOrStore(addr, &breaker{cfg: n.cfg, addr: addr})
+	b, _ := n.byAddr.LoadOrStore(addr, &breaker{cfg: n.cfg, addr: addr, obs: n.obs})
 	return b.(*breaker)
 }
 

@@ -66,6 +66,7 @@ type Cache[T any] struct {
 	strict       bool
 	lockWait     time.Duration
 	onError      func(ctx context.Context, key string, err error)
+	obs          Observer // nil: none
 	base         *policy[T]
 	prefixes     []*policy[T] // longest prefix first
 	nodes        *nodes
@@ -159,7 +160,8 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		strict:       cfg.strict,
 		lockWait:     cfg.lockWait,
 		onError:      cfg.errorHandler,
-		nodes:        newNodes(rdb, cfg.breaker),
+		obs:          cfg.observer,
+		nodes:        newNodes(rdb, cfg.breaker, cfg.observer),
 	}
 	c.lookupFn, c.joiningFn = lookup[T], c.reentrant
 	keep := func(r result[T], err error) bool {
@@ -389,7 +391,7 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
 		r, err := lookup(ctx, f, nil)
-		return c.deliver(key, p, r, err)
+		return c.deliver(key, p, r, err, false)
 	}
 	g := &c.lookups
 	if ld != nil {
@@ -399,7 +401,7 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 	if shared {
 		p.stats.coalescedWaits.Add(1)
 	}
-	return c.deliver(key, p, r, err)
+	return c.deliver(key, p, r, err, shared)
 }
 
 // lookup is the work of one read, shared by the callers that coalesce (cl
@@ -552,7 +554,7 @@ func (c *Cache[T]) del(ctx context.Context, key string) error {
 	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
-		p.stats.redisErrors.Add(1)
+		c.redisFailed(p, b, err)
 		return keyErr("delete", key, redisErr(err))
 	}
 	return nil

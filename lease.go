@@ -117,7 +117,7 @@ func (c *Cache[T]) acquire(ctx context.Context, key string, p *policy[T], lease,
 	case err == redis.Nil:
 		return true, "", nil
 	case err != nil:
-		p.stats.redisErrors.Add(1)
+		c.redisFailed(p, b, err)
 		return false, "", keyErr("lease", key, redisErr(err))
 	}
 	return false, s, nil
@@ -149,7 +149,7 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, key string, p *policy[T], g
 	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
-		p.stats.redisErrors.Add(1)
+		c.redisFailed(p, b, err)
 		return false, keyErr("set", key, redisErr(err))
 	}
 	if n == 0 {
@@ -179,7 +179,7 @@ func (c *Cache[T]) release(ctx context.Context, key string, p *policy[T], lease 
 	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
-		p.stats.redisErrors.Add(1)
+		c.redisFailed(p, b, err)
 		c.report(ctx, key, keyErr("lease", key, redisErr(err)))
 	}
 }

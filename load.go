@@ -229,6 +229,7 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 	if done {
 		return r, err
 	}
+	start := time.Now()
 	v, err := protect(ctx, j.ld, key, callLoader[T])
 	// Stores and releases run under their own budget, not the load's
 	// deadline, which may be about to end.
@@ -237,11 +238,14 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 		if g.kind == guardLease {
 			c.release(sctx, key, p, g.value)
 		}
-		return result[T]{}, c.loadEnded(ctx, key)
+		err := c.loadEnded(ctx, key)
+		c.observeLoad(p, 1, start, err)
+		return result[T]{}, err
 	}
 	if err == nil && c.ptr && isNilPointer(v) {
 		err = ErrNilValue
 	}
+	c.observeLoad(p, 1, start, err)
 	switch {
 	case err == nil || errors.Is(err, DoNotCache):
 		p.stats.loads.Add(1)

@@ -108,6 +108,7 @@ type config struct {
 	errorHandler func(ctx context.Context, key string, err error)
 	lockWait     time.Duration
 	breaker      breakerConfig
+	observer     Observer
 }
 
 type breakerConfig struct {

@@ -55,7 +55,7 @@ func (c *Cache[T]) judge(key string, p *policy[T], s string, err error, left tim
 		return judgement[T]{v: vLease, lease: s}
 	}
 	var j judgement[T]
-	if derr := c.decode(key, bytesOf(s), &j.r); derr != nil {
+	if derr := c.decode(key, p, bytesOf(s), &j.r); derr != nil {
 		p.stats.decodeErrors.Add(1)
 		j.v, j.err = vUndecodable, derr
 	} else if p.staleFor > 0 && left >= 0 && left <= p.staleFor {
@@ -105,7 +105,7 @@ func (c *Cache[T]) fetch(ctx context.Context, b *breaker, key string, p *policy[
 	}
 	b.feed(judgeRedis(ctx, err))
 	if err != nil && err != redis.Nil {
-		p.stats.redisErrors.Add(1)
+		c.redisFailed(p, b, err)
 		err = keyErr("get", key, redisErr(err))
 	}
 	return s, left, err
@@ -129,8 +129,17 @@ func circuitOpen(op, key string) error {
 // decode turns a stored value into a result, written into r: the caller's
 // result lives where the shared work keeps it, so decoding into it costs
 // no allocation of its own.
-func (c *Cache[T]) decode(key string, data []byte, r *result[T]) error {
+func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (err error) {
 	*r = result[T]{}
+	plain := 0 // the serialized value's size, for the observer
+	if c.obs != nil {
+		start := time.Now()
+		defer func() {
+			if err == nil {
+				c.observeCodec(p, data, plain, true, start)
+			}
+		}()
+	}
 	if c.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
@@ -143,6 +152,7 @@ func (c *Cache[T]) decode(key string, data []byte, r *result[T]) error {
 		} else if b == nil {
 			b = []byte{}
 		}
+		plain = len(b)
 		if c.perCaller {
 			r.data = b // each caller copies it in deliver
 			return nil
@@ -168,6 +178,7 @@ func (c *Cache[T]) decode(key string, data []byte, r *result[T]) error {
 			*buf = payload[:0] // keep the grown buffer
 		}
 	}
+	plain = len(payload)
 	if c.perCaller {
 		r.data = bytes.Clone(payload)
 		if r.data == nil {
@@ -193,8 +204,10 @@ func (c *Cache[T]) unmarshal(data []byte, v *T) error {
 }
 
 // deliver counts a caller's outcome and gives it its value: its own copy
-// when each caller decodes its own.
-func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error) (T, error) {
+// when each caller decodes its own. shared says whether the caller shared
+// work another began.
+func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, shared bool) (T, error) {
+	c.observeRead(p, r, err, shared)
 	switch {
 	case err == nil:
 		if r.from == fromRedis {

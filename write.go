@@ -59,6 +59,15 @@ func (e *encoded) detach() {
 // bytes, otherwise plain (verbatim for text serializers, behind the none
 // header otherwise). The caller releases the result.
 func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T) (e encoded, err error) {
+	var start time.Time
+	if c.obs != nil {
+		start = time.Now()
+		defer func() {
+			if err == nil {
+				c.observeCodec(p, e.stored, len(e.payload), false, start)
+			}
+		}()
+	}
 	sbuf, fbuf := getBuf(), getBuf()
 	e.bufs = [2]*[]byte{sbuf, fbuf}
 	payload, err := c.marshal((*sbuf)[:0], v)
@@ -139,7 +148,7 @@ func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []b
 	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
-		p.stats.redisErrors.Add(1)
+		c.redisFailed(p, b, err)
 		return keyErr("set", key, redisErr(err))
 	}
 	p.stats.sets.Add(1)

@@ -226,7 +226,10 @@ func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 			return rep, err
 		}
 		c, err := packcache.New[Channel](rdb, packcache.WithLoader[Channel](db),
-			packcache.WithCodec(cd), packcache.WithCoalescing(mode.on))
+			packcache.WithCodec(cd), packcache.WithCoalescing(mode.on),
+			// Without coalescing, 20,000 reads queue for the pooled
+			// connections for seconds: give them the time.
+			packcache.WithRedisTimeout(time.Minute))
 		if err != nil {
 			return rep, err
 		}

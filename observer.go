@@ -1,0 +1,153 @@
+package packcache
+
+import (
+	"errors"
+	"time"
+
+	"github.com/packcache/packcache/codec"
+)
+
+// An Observer is told what a cache does, for metrics: the module
+// github.com/packcache/packcache/packcacheotel turns these events into
+// OpenTelemetry metrics. Set one with WithObserver.
+//
+// Its methods are called synchronously, on the callers' goroutines and the
+// cache's own, often on the hot path: they must be safe for concurrent use,
+// return quickly and not call the cache. Events carry the key's prefix (as
+// given to WithPrefix; "" for keys under none), never the key itself, so
+// that metrics stay bounded.
+type Observer interface {
+	// ObserveRead is called once per caller of Get and GetOrLoad, and once
+	// per key of GetMany and GetOrLoadMany, with the outcome that caller
+	// got.
+	ObserveRead(ReadEvent)
+
+	// ObserveLoad is called once per loader call (one per batch for
+	// GetOrLoadMany), with its duration and outcome.
+	ObserveLoad(LoadEvent)
+
+	// ObserveCodec is called once per value encoded for a write and once
+	// per value decoded from Redis (not per caller sharing it).
+	ObserveCodec(CodecEvent)
+
+	// ObserveRedis is called for every failed Redis operation, and when a
+	// node's circuit breaker opens or closes.
+	ObserveRedis(RedisEvent)
+}
+
+// A ReadOutcome is what one reader got.
+type ReadOutcome uint8
+
+const (
+	ReadHit      ReadOutcome = iota // a value from Redis
+	ReadMiss                        // no value in Redis: loaded, or ErrMiss without a loader
+	ReadStale                       // a stale value served because its reload failed
+	ReadNotFound                    // a remembered ErrNotFound
+	ReadError                       // an error
+)
+
+var readOutcomeNames = [...]string{"hit", "miss", "stale", "not_found", "error"}
+
+// String returns "hit", "miss", "stale", "not_found" or "error".
+func (o ReadOutcome) String() string { return readOutcomeNames[o] }
+
+// A ReadEvent is one reader's outcome.
+type ReadEvent struct {
+	Prefix  string
+	Outcome ReadOutcome
+	Shared  bool // the reader shared a read or load another caller began
+}
+
+// A LoadEvent is one loader call.
+type LoadEvent struct {
+	Prefix   string
+	Keys     int // 1, or the number of keys of a GetOrLoadMany call (whose Prefix is its first key's)
+	Duration time.Duration
+	Err      error // nil, ErrNotFound, DoNotCache, ErrLoadTimeout, or the loader's error
+}
+
+// A CodecEvent is one value encoded or decoded.
+type CodecEvent struct {
+	Prefix   string
+	Codec    string // the codec's name; "none" for a value stored plain
+	Decode   bool   // false: encoded for a write
+	Plain    int    // bytes of the serialized value
+	Stored   int    // bytes stored in Redis, header included
+	Duration time.Duration
+}
+
+// A RedisEvent is a failed Redis operation, or a circuit breaker opening
+// or closing.
+type RedisEvent struct {
+	Prefix string // "" for breaker events
+	Node   string // the node's address; "" when the client has one node
+	Err    error  // the failure; nil for breaker events
+
+	// Breaker events: Open reports the breaker's new state.
+	Breaker bool
+	Open    bool
+}
+
+// WithObserver makes the cache tell o what it does; see Observer.
+func WithObserver(o Observer) Option {
+	return func(cfg *config) error {
+		if o == nil {
+			return errors.New("WithObserver: nil observer")
+		}
+		cfg.observer = o
+		return nil
+	}
+}
+
+// observeRead tells the observer what a reader got.
+func (c *Cache[T]) observeRead(p *policy[T], r result[T], err error, shared bool) {
+	if c.obs == nil {
+		return
+	}
+	o := ReadHit
+	switch {
+	case err == nil && r.stale:
+		o = ReadStale
+	case err == nil && r.from == fromLoader:
+		o = ReadMiss
+	case err == nil:
+	case errors.Is(err, ErrMiss):
+		o = ReadMiss
+	case errors.Is(err, ErrNotFound):
+		o = ReadNotFound
+	default:
+		o = ReadError
+	}
+	c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared})
+}
+
+// observeLoad tells the observer of a loader call that began at start.
+func (c *Cache[T]) observeLoad(p *policy[T], keys int, start time.Time, err error) {
+	if c.obs == nil {
+		return
+	}
+	c.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
+}
+
+// redisFailed counts a failed Redis operation on key's prefix and tells the
+// observer, with the node's address.
+func (c *Cache[T]) redisFailed(p *policy[T], b *breaker, err error) {
+	p.stats.redisErrors.Add(1)
+	if c.obs != nil {
+		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.addr, Err: err})
+	}
+}
+
+// observeCodec tells the observer of a value encoded or decoded since
+// start: stored is its stored form, plain the size of its serialized form.
+func (c *Cache[T]) observeCodec(p *policy[T], stored []byte, plain int, decode bool, start time.Time) {
+	name := "none"
+	if len(stored) > 0 && codec.IsHeader(stored[0]) {
+		if cd, ok := codec.Lookup(stored[0]); ok {
+			name = cd.Name()
+		} else if stored[0] == codec.HeaderGzip {
+			name = "gzip"
+		}
+	}
+	c.obs.ObserveCodec(CodecEvent{Prefix: p.prefix, Codec: name, Decode: decode, Plain: plain, Stored: len(stored), Duration: time.Since(start)})
+}
