@@ -147,6 +147,9 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 			return nil, fmt.Errorf("packcache: %w", err)
 		}
 	}
+	if err := cfg.applyEnv(); err != nil {
+		return nil, fmt.Errorf("packcache: %w", err)
+	}
 	c := &Cache[T]{
 		rdb:          rdb,
 		ser:          cfg.serializer,

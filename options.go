@@ -109,6 +109,7 @@ type config struct {
 	lockWait     time.Duration
 	breaker      breakerConfig
 	observer     Observer
+	envNamespace string // WithEnv: "" when unset
 }
 
 type breakerConfig struct {
