@@ -168,8 +168,8 @@ type observer struct {
 	trips       metric.Int64Counter
 
 	base     []attribute.KeyValue // the constant attributes, from WithAttributes
-	prefixes table[prefixSets]   // by prefix
-	nodes    table[nodeSets]     // by node address
+	prefixes table[prefixSets]    // by prefix
+	nodes    table[nodeSets]      // by node address
 
 	mu   sync.Mutex
 	open map[*nodeSets]bool // the state of each node's breaker, as its last event told
@@ -283,7 +283,6 @@ func b2i(b bool) int {
 
 // loadOutcome names what a loader call's error says.
 func loadOutcome(err error) loadOutcomeIndex {
-	var pe *packcache.PanicError
 	switch {
 	case err == nil:
 		return loadOK
@@ -293,10 +292,18 @@ func loadOutcome(err error) loadOutcomeIndex {
 		return loadDoNotCache
 	case errors.Is(err, packcache.ErrLoadTimeout):
 		return loadTimeout
-	case errors.As(err, &pe):
+	case isPanic(err):
 		return loadPanic
 	}
 	return loadError
+}
+
+// isPanic reports whether err holds a *packcache.PanicError. It is a
+// function of its own because the target of errors.As escapes: declared in
+// loadOutcome, it would cost every load an allocation.
+func isPanic(err error) bool {
+	var pe *packcache.PanicError
+	return errors.As(err, &pe)
 }
 
 type loadOutcomeIndex uint8

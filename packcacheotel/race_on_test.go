@@ -1,0 +1,5 @@
+//go:build race
+
+package packcacheotel_test
+
+const raceEnabled = true
