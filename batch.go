@@ -3,7 +3,6 @@ package packcache
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,9 +28,9 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 	out := make([]reply, len(keys))
 	gets := make([]*redis.StringCmd, len(keys))
 	pttls := make([]*redis.DurationCmd, len(keys))
-	nb := c.batchNodes(ctx, keys)
 	rctx, cancel := c.budget(ctx)
 	defer cancel()
+	nb := c.batchNodes(rctx, keys)
 	pipe := c.rdb.Pipeline()
 	for i, k := range keys {
 		if !nb.allowed(i) {
@@ -70,7 +69,9 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 }
 
 // batchNodes is the breakers of a batch's keys: each node is asked once
-// whether it may be tried, and told once what the batch says of it.
+// whether it may be tried, and told once what the batch says of it. ctx
+// is the batch's budgeted context: finding a key's node can be a Redis
+// call.
 type batchNodes struct {
 	of      []*breaker
 	allow   map[*breaker]bool
@@ -232,6 +233,14 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 			if err != nil && ctx.Err() != nil {
 				return found, ctx.Err()
 			}
+			if j := from[k]; err != nil && j.v == vStale && !errors.Is(err, ErrNotFound) {
+				// The load failed (a joined one may have had no stale
+				// value to fall back on): StaleFor serves the stale one.
+				c.policy(k).stats.staleServes.Add(1)
+				c.report(ctx, k, err)
+				r, err = j.r, nil
+				r.stale = true
+			}
 			v, err := c.deliver(k, c.policy(k), r, err, i == 1)
 			switch {
 			case err == nil:
@@ -259,304 +268,6 @@ func batchLoader[T any](fn func(context.Context, []string) (map[string]T, error)
 		}
 		return v, nil
 	})
-}
-
-// runBatch loads the keys of calls with one call of fn, on a goroutine of
-// its own, settles each key's guard, stores the values in one pipeline and
-// finishes each key's call. Callers still waiting when the load's context
-// ends are released with its error.
-func (c *Cache[T]) runBatch(ctx context.Context, calls map[string]*call[result[T]], jobs map[string]loadJob[T], fn func(context.Context, []string) (map[string]T, error)) {
-	defer c.life.exit()
-	keys := make([]string, 0, len(calls))
-	for k := range calls {
-		keys = append(keys, k)
-	}
-	lctx, cancel := c.loadContext(ctx, keys, false)
-	defer cancel()
-	timeout := context.AfterFunc(lctx, func() {
-		for k, cl := range calls {
-			c.loads.finish(k, cl, result[T]{}, c.loadEnded(lctx, k))
-		}
-	})
-	results := make(map[string]result[T], len(keys))
-	errs := make(map[string]error, len(keys))
-	for _, k := range keys {
-		errs[k] = errGoexit
-	}
-	defer func() {
-		for k, cl := range calls {
-			c.loads.finish(k, cl, results[k], errs[k])
-		}
-	}()
-	c.loadBatch(lctx, keys, jobs, fn, timeout, results, errs)
-}
-
-// loadBatch is the work of runBatch, writing each key's outcome into
-// results and errs.
-func (c *Cache[T]) loadBatch(ctx context.Context, keys []string, jobs map[string]loadJob[T], fn func(context.Context, []string) (map[string]T, error), live func() bool, results map[string]result[T], errs map[string]error) {
-	guards := c.settleMany(ctx, keys, jobs, results, errs)
-	var loading []string
-	for _, k := range keys {
-		if _, settled := guards[k]; settled {
-			loading = append(loading, k)
-		}
-	}
-	if len(loading) == 0 {
-		return
-	}
-	start := time.Now()
-	vals, err := protect(ctx, fn, loading, func(ctx context.Context, fn func(context.Context, []string) (map[string]T, error), keys []string) (map[string]T, error) {
-		return fn(ctx, keys)
-	})
-	sctx := context.WithoutCancel(ctx)
-	if !live() {
-		c.releaseMany(sctx, loading, guards)
-		for _, k := range loading {
-			errs[k] = c.loadEnded(ctx, k)
-		}
-		c.observeLoad(c.policy(loading[0]), len(loading), start, errs[loading[0]])
-		return
-	}
-	c.observeLoad(c.policy(loading[0]), len(loading), start, err)
-	noStore := errors.Is(err, DoNotCache)
-	if err != nil && !noStore {
-		c.releaseMany(sctx, loading, guards)
-		for _, k := range loading {
-			p := c.policy(k)
-			p.stats.loadErrors.Add(1)
-			kerr := keyErr("load", k, err)
-			if from := jobs[k].from; from.v == vStale {
-				p.stats.staleServes.Add(1)
-				c.report(ctx, k, kerr)
-				s := from.r
-				s.stale = true
-				results[k], errs[k] = s, nil
-				continue
-			}
-			errs[k] = kerr
-		}
-		return
-	}
-	var writes []pendingWrite
-	var unstored []string
-	for _, k := range loading {
-		p := c.policy(k)
-		p.stats.loads.Add(1)
-		g := guards[k]
-		v, ok := vals[k]
-		if ok && c.ptr && isNilPointer(v) {
-			ok, errs[k] = false, keyErr("load", k, ErrNilValue)
-			unstored = append(unstored, k)
-			continue
-		}
-		if !ok {
-			errs[k] = ErrNotFound
-			if g.kind != guardNone && p.negativeTTL > 0 && !noStore {
-				writes = append(writes, pendingWrite{key: k, g: g, stored: []byte{tombstone}, ttl: p.negativeTTL})
-			} else {
-				unstored = append(unstored, k)
-			}
-			continue
-		}
-		r := result[T]{val: v, from: fromLoader}
-		if c.perCaller {
-			data, merr := c.marshal(nil, v)
-			if merr != nil {
-				errs[k] = keyErr("load", k, merr)
-				unstored = append(unstored, k)
-				continue
-			}
-			r.data = data
-		}
-		results[k], errs[k] = r, nil
-		if g.kind == guardNone || noStore {
-			unstored = append(unstored, k)
-			continue
-		}
-		e, eerr := c.encode(ctx, k, p, v)
-		if eerr != nil {
-			errs[k] = eerr
-			unstored = append(unstored, k)
-			continue
-		}
-		e.detach()
-		writes = append(writes, pendingWrite{key: k, g: g, stored: e.stored, ttl: c.expiry(p, p.ttl), enc: e})
-	}
-	c.releaseMany(sctx, unstored, guards)
-	c.storeMany(sctx, writes)
-}
-
-// settleMany settles the guards of a batch's loads as settle does for one
-// (see load.go), taking the leases of all the missing keys in one
-// pipeline. A key whose guard is settled is in the returned map; a key
-// that turned out to hold a value or a tombstone has its result instead.
-func (c *Cache[T]) settleMany(ctx context.Context, keys []string, jobs map[string]loadJob[T], results map[string]result[T], errs map[string]error) map[string]guard {
-	guards := make(map[string]guard, len(keys))
-	var missing []string
-	for _, k := range keys {
-		if jobs[k].from.v == vMiss {
-			missing = append(missing, k)
-			continue
-		}
-		c.settleOne(ctx, jobs[k], jobs[k].from, guards, results, errs)
-	}
-	if len(missing) == 0 {
-		return guards
-	}
-	nb := c.batchNodes(ctx, missing)
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(missing))
-	for i, k := range missing {
-		if nb.allowed(i) {
-			cmds[i] = acquireScript.EvalSha(rctx, pipe, []string{k}, jobs[k].token, c.leaseTTL().Milliseconds(), "")
-		}
-	}
-	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
-		k := missing[i]
-		return acquireScript.Eval(rctx, p, []string{k}, jobs[k].token, c.leaseTTL().Milliseconds(), "")
-	})
-	for i, k := range missing {
-		p := c.policy(k)
-		if cmds[i] == nil {
-			c.report(ctx, k, circuitOpen("lease", k))
-			guards[k] = guard{}
-			continue
-		}
-		s, err := cmds[i].Text()
-		nb.saw(i, judgeRedis(ctx, err))
-		switch {
-		case err == redis.Nil:
-			guards[k] = guard{guardLease, jobs[k].token}
-		case err != nil:
-			c.redisFailed(p, nb.of[i], err)
-			c.report(ctx, k, keyErr("lease", k, redisErr(err)))
-			guards[k] = guard{}
-		default:
-			// Something arrived since the read: judge it and settle as
-			// a single load would.
-			c.settleOne(ctx, jobs[k], c.judge(k, p, s, nil, -1, true), guards, results, errs)
-		}
-	}
-	nb.feed()
-	return guards
-}
-
-// settleOne settles one key of a batch with the single-key settle.
-func (c *Cache[T]) settleOne(ctx context.Context, job loadJob[T], from judgement[T], guards map[string]guard, results map[string]result[T], errs map[string]error) {
-	g, done, r, err := job.settle(ctx, from)
-	if done {
-		results[job.key], errs[job.key] = r, err
-		return
-	}
-	guards[job.key] = g
-}
-
-// A pendingWrite is a guarded write of a batch.
-type pendingWrite struct {
-	key    string
-	g      guard
-	stored []byte
-	ttl    time.Duration
-	enc    encoded
-}
-
-// storeMany makes guarded writes in one pipeline.
-func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) {
-	if len(writes) == 0 {
-		return
-	}
-	defer func() {
-		for i := range writes {
-			writes[i].enc.release()
-		}
-	}()
-	keys := make([]string, len(writes))
-	for i, w := range writes {
-		keys[i] = w.key
-	}
-	nb := c.batchNodes(ctx, keys)
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(writes))
-	for i, w := range writes {
-		if nb.allowed(i) {
-			cmds[i] = storeScript.EvalSha(rctx, pipe, []string{w.key}, storeArgs(w.g, w.stored, w.ttl)...)
-		}
-	}
-	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
-		w := writes[i]
-		return storeScript.Eval(rctx, p, []string{w.key}, storeArgs(w.g, w.stored, w.ttl)...)
-	})
-	for i, w := range writes {
-		p := c.policy(w.key)
-		if cmds[i] == nil {
-			c.report(ctx, w.key, circuitOpen("set", w.key))
-			continue
-		}
-		n, err := cmds[i].Int()
-		nb.saw(i, judgeRedis(ctx, err))
-		switch {
-		case err != nil:
-			c.redisFailed(p, nb.of[i], err)
-			c.report(ctx, w.key, keyErr("set", w.key, redisErr(err)))
-		case n == 0:
-			p.stats.superseded.Add(1)
-		default:
-			p.stats.sets.Add(1)
-			c.wrote(w.key)
-		}
-	}
-	nb.feed()
-}
-
-// releaseMany releases the leases among guards of keys, in one pipeline.
-func (c *Cache[T]) releaseMany(ctx context.Context, keys []string, guards map[string]guard) {
-	var held []string
-	for _, k := range keys {
-		if guards[k].kind == guardLease {
-			held = append(held, k)
-		}
-	}
-	if len(held) == 0 {
-		return
-	}
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(held))
-	for i, k := range held {
-		cmds[i] = releaseScript.EvalSha(rctx, pipe, []string{k}, guards[k].value)
-	}
-	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
-		k := held[i]
-		return releaseScript.Eval(rctx, p, []string{k}, guards[k].value)
-	})
-	// A lease not released expires by itself; failures are not reported.
-}
-
-// execScripts runs a pipeline of EVALSHA commands and sends again, with
-// EVAL, those a node answered NOSCRIPT (it had not seen the script yet),
-// replacing them in cmds.
-func execScripts(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd, eval func(i int, p redis.Pipeliner) *redis.Cmd) {
-	if pipe.Len() == 0 {
-		return
-	}
-	_, _ = pipe.Exec(ctx)
-	var again redis.Pipeliner
-	for i, cmd := range cmds {
-		if cmd != nil && cmd.Err() != nil && strings.HasPrefix(cmd.Err().Error(), "NOSCRIPT") {
-			if again == nil {
-				again = pipe
-			}
-			cmds[i] = eval(i, again)
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
-	}
 }
 
 // SetMany stores items, each with its key's policy, in one round trip per
@@ -603,9 +314,9 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 			c.forget(k)
 		}
 	}()
-	nb := c.batchNodes(ctx, keys)
 	rctx, cancel := c.budget(ctx)
 	defer cancel()
+	nb := c.batchNodes(rctx, keys)
 	pipe := c.rdb.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(keys))
 	for i, k := range keys {
@@ -645,9 +356,9 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 // fails on a cluster when the keys' slots differ, and the pipeline still
 // costs one round trip per node.
 func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
-	nb := c.batchNodes(ctx, keys)
 	rctx, cancel := c.budget(ctx)
 	defer cancel()
+	nb := c.batchNodes(rctx, keys)
 	pipe := c.rdb.Pipeline()
 	cmds := make([]*redis.IntCmd, len(keys))
 	var errs []error

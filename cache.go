@@ -174,6 +174,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		g.window, g.keep = int64(cfg.shareWindow), keep
 		g.spawn, g.done = c.life.trySpawn, c.life.exit
 	}
+	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
 	var err error
 	if c.base, err = resolve[T]("", cfg.base); err != nil {
@@ -412,17 +413,11 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 // holds, and acts on the judgement.
 func lookup[T any](ctx context.Context, f flight[T], cl *call[result[T]]) (result[T], error) {
 	c, key, p := f.c, f.key, f.p
-	var j judgement[T]
-	if b := c.nodes.forKey(ctx, key); b.allow() {
-		s, left, err := c.fetch(ctx, b, key, p)
-		if cl != nil {
-			cl.seal()
-		}
-		j = c.judge(key, p, s, err, left, f.ld != nil)
-	} else {
-		j = judgement[T]{v: vUnavailable, err: circuitOpen("get", key)}
+	s, left, err := c.fetch(ctx, key, p)
+	if cl != nil {
+		cl.seal()
 	}
-	return c.act(ctx, f, j)
+	return c.act(ctx, f, c.judge(key, p, s, err, left, f.ld != nil))
 }
 
 // act does with a judgement what rule says, for one key.
@@ -548,13 +543,12 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 
 func (c *Cache[T]) del(ctx context.Context, key string) error {
 	p := c.policy(key)
-	b := c.nodes.forKey(ctx, key)
-	if !b.allow() {
+	rctx, cancel, b, ok := c.op(ctx, key)
+	defer cancel()
+	if !ok {
 		return circuitOpen("delete", key)
 	}
-	rctx, cancel := c.budget(ctx)
 	err := c.rdb.Del(rctx, key).Err()
-	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
 		c.redisFailed(p, b, err)

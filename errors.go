@@ -94,9 +94,9 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // A PanicError is the error every caller sharing a load gets when the loader
-// panics. The process does not crash and no caller hangs. Its message is
-// one line, safe to show a client; the stack stays in the Stack field, for
-// logs.
+// panics, or when the serializer panics on the loaded value. The process
+// does not crash and no caller hangs. Its message is one line, safe to show
+// a client; the stack stays in the Stack field, for logs.
 type PanicError struct {
 	Value any    // the value passed to panic
 	Stack []byte // the loader goroutine's stack at the panic

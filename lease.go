@@ -49,6 +49,20 @@ import (
 type guard struct {
 	kind  guardKind
 	value string // guardLease: the lease; guardDigest: the digest of the value the load began from
+
+	// guardDigest: the value's time to live, in milliseconds, when the
+	// load began (-1: unknown or unlimited). A write resets it upwards,
+	// which tells a rewrite of identical bytes from the value left alone.
+	maxPTTL int64
+}
+
+// digestGuard is the guard of a load that began from the value j judged.
+func digestGuard[T any](j judgement[T]) guard {
+	g := guard{kind: guardDigest, value: j.digest, maxPTTL: -1}
+	if j.left > 0 {
+		g.maxPTTL = j.left.Milliseconds() + 1
+	}
+	return g
 }
 
 type guardKind uint8
@@ -79,12 +93,16 @@ return false`)
 
 // storeScript writes ARGV[3] (for ARGV[4] ms; 0: no expiry) only if the
 // key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
-// ARGV[2] (ARGV[1] = 'd'). It returns 1 if it wrote, 0 if not.
+// ARGV[2] (ARGV[1] = 'd') and, if ARGV[5] is not negative, whose time to
+// live is at most ARGV[5] ms (a write in between would have set it
+// anew). It returns 1 if it wrote, 0 if not.
 var storeScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if ARGV[1] == 'l' then
   if cur ~= ARGV[2] then return 0 end
 elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
+  return 0
+elseif tonumber(ARGV[5]) >= 0 and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[5]) then
   return 0
 end
 if ARGV[4] == '0' then
@@ -105,13 +123,12 @@ func (c *Cache[T]) leaseTTL() time.Duration { return c.loadTimeout + 2*c.redisTi
 // returns ok when the lease is in place; otherwise what the key holds
 // (a value, another lease) in s. err is a Redis failure.
 func (c *Cache[T]) acquire(ctx context.Context, key string, p *policy[T], lease, over string) (ok bool, s string, err error) {
-	b := c.nodes.forKey(ctx, key)
-	if !b.allow() {
+	rctx, cancel, b, ok := c.op(ctx, key)
+	defer cancel()
+	if !ok {
 		return false, "", circuitOpen("lease", key)
 	}
-	rctx, cancel := c.budget(ctx)
 	s, err = acquireScript.Run(rctx, c.rdb, []string{key}, lease, c.leaseTTL().Milliseconds(), over).Text()
-	cancel()
 	b.feed(judgeRedis(ctx, err))
 	switch {
 	case err == redis.Nil:
@@ -133,20 +150,23 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 	if ttl != NoExpiration {
 		ms = max(ttl.Milliseconds(), 1)
 	}
-	return []any{mode, g.value, stored, ms}
+	maxPTTL := int64(-1)
+	if g.kind == guardDigest {
+		maxPTTL = g.maxPTTL
+	}
+	return []any{mode, g.value, stored, ms, maxPTTL}
 }
 
 // storeGuarded writes stored under key if g still holds: it reports whether
 // it wrote. A refusal means a write came after the load began; it is not
 // an error.
 func (c *Cache[T]) storeGuarded(ctx context.Context, key string, p *policy[T], g guard, stored []byte, ttl time.Duration) (bool, error) {
-	b := c.nodes.forKey(ctx, key)
-	if !b.allow() {
+	rctx, cancel, b, ok := c.op(ctx, key)
+	defer cancel()
+	if !ok {
 		return false, circuitOpen("set", key)
 	}
-	rctx, cancel := c.budget(ctx)
 	n, err := storeScript.Run(rctx, c.rdb, []string{key}, storeArgs(g, stored, ttl)...).Int()
-	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
 		c.redisFailed(p, b, err)
@@ -170,13 +190,12 @@ func (c *Cache[T]) wrote(key string) { c.lookups.forget(key) }
 // release removes our lease from key if it is still there: the load it
 // stood for stores nothing.
 func (c *Cache[T]) release(ctx context.Context, key string, p *policy[T], lease string) {
-	b := c.nodes.forKey(ctx, key)
-	if !b.allow() {
+	rctx, cancel, b, ok := c.op(ctx, key)
+	defer cancel()
+	if !ok {
 		return // it expires by itself
 	}
-	rctx, cancel := c.budget(ctx)
 	err := releaseScript.Run(rctx, c.rdb, []string{key}, lease).Err()
-	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
 		c.redisFailed(p, b, err)

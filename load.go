@@ -86,10 +86,15 @@ type loadJob[T any] struct {
 	refresh bool         // a background refresh of a value still fresh
 }
 
+// unprovenToken is the token of loads that begin with Redis unreachable:
+// readers that find Redis unreachable too share such a load only within
+// the share window, since nothing proves the key unwritten since.
+const unprovenToken = "down"
+
 // loadToken names the state a load begins from, so that only reads that
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
-// Redis down, "down".
+// Redis unreachable, unprovenToken.
 func loadToken[T any](j judgement[T]) string {
 	switch j.v {
 	case vMiss:
@@ -97,7 +102,7 @@ func loadToken[T any](j judgement[T]) string {
 	case vLease:
 		return j.lease
 	case vUnavailable:
-		return "down"
+		return unprovenToken
 	default:
 		return "sha1:" + j.digest
 	}
@@ -159,7 +164,7 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 	if !c.coalesce {
 		lctx, cancel := c.loadContext(ctx, []string{f.key}, true)
 		defer cancel()
-		r, err := job.run(lctx, func() bool { return lctx.Err() == nil })
+		r, err := job.protectedRun(lctx, nil, func() bool { return lctx.Err() == nil })
 		if err != nil && ctx.Err() != nil {
 			return result[T]{}, ctx.Err()
 		}
@@ -175,7 +180,18 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 		c.life.spawn()
 		go c.runLoad(ctx, cl, job)
 	}
-	return wait(ctx, cl)
+	r, err := wait(ctx, cl)
+	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
+		// The load this caller joined failed (it may have begun as a
+		// refresh, with no stale value of its own to fall back on):
+		// StaleFor says the caller gets the stale value.
+		f.p.stats.staleServes.Add(1)
+		c.report(ctx, f.key, err)
+		s := j.r
+		s.stale = true
+		return s, nil
+	}
+	return r, err
 }
 
 // refresh starts a background reload of a value due for refresh, unless
@@ -202,42 +218,74 @@ func (c *Cache[T]) runLoad(ctx context.Context, cl *call[result[T]], job loadJob
 		c.loads.finish(job.key, cl, result[T]{}, c.loadEnded(lctx, job.key))
 	})
 	// If the loader calls runtime.Goexit, run does not return: err keeps
-	// errGoexit and the deferred finish still releases the callers.
-	r, err := result[T]{}, errGoexit
+	// its value and the deferred finish still releases the callers.
+	r, err := result[T]{}, keyErr("load", job.key, errGoexit)
 	defer func() {
 		if job.refresh && err != nil && !errors.Is(err, ErrNotFound) {
 			c.report(lctx, job.key, err)
 		}
 		c.loads.finish(job.key, cl, r, err)
 	}()
-	r, err = job.run(lctx, timeout)
+	r, err = job.protectedRun(lctx, cl, timeout)
+}
+
+// protectedRun is run with any panic of what it calls (the loader, the
+// serializer, a codec) turned into a *PanicError for the load's callers:
+// it runs on a goroutine of the cache's, where a panic would end the
+// process.
+func (j loadJob[T]) protectedRun(ctx context.Context, cl *call[result[T]], live func() bool) (result[T], error) {
+	r, err := protect(ctx, j, runArgs[T]{cl, live}, func(ctx context.Context, j loadJob[T], a runArgs[T]) (result[T], error) {
+		return j.run(ctx, a.cl, a.live)
+	})
+	if err != nil && !isKeyError(err, j.key) {
+		err = keyErr("load", j.key, err) // a panic outside the loader
+	}
+	return r, err
+}
+
+type runArgs[T any] struct {
+	cl   *call[result[T]]
+	live func() bool
 }
 
 // run loads the job's key: it settles first how the load may store (taking
 // the lease on a miss, waiting for another process's lease with WithLock),
 // calls the loader, and stores the value under that guard. live reports,
 // once the loader has returned, whether the load's context is still live
-// and stops its timeout; a load past it stores nothing.
-func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error) {
+// and stops its timeout; a load past it stores nothing. cl is the load's
+// call (nil without coalescing): a load a write of this process detached
+// stores nothing either.
+func (j loadJob[T]) run(ctx context.Context, cl *call[result[T]], live func() bool) (_ result[T], err error) {
 	c, key, p := j.c, j.key, j.p
 	from := j.from
 	var stale *result[T]
 	if from.v == vStale {
 		stale = &from.r
 	}
-	g, done, r, err := j.settle(ctx, from)
+	// Stores and releases run under their own budget, not the load's
+	// deadline, which may be about to end.
+	sctx := context.WithoutCancel(ctx)
+	var g guard
+	stored := false
+	defer func() {
+		// However the load ends (an error, a panic in the serializer,
+		// runtime.Goexit), a lease it took and did not store over goes,
+		// so that readers do not take the key for a load in progress.
+		if g.kind == guardLease && !stored {
+			c.release(sctx, key, p, g.value)
+		}
+	}()
+	var done bool
+	var r result[T]
+	g, done, r, err = j.settle(ctx, from)
 	if done {
 		return r, err
 	}
 	start := time.Now()
 	v, err := protect(ctx, j.ld, key, callLoader[T])
-	// Stores and releases run under their own budget, not the load's
-	// deadline, which may be about to end.
-	sctx := context.WithoutCancel(ctx)
-	if !live() {
-		if g.kind == guardLease {
-			c.release(sctx, key, p, g.value)
-		}
+	if !live() || ctx.Err() != nil {
+		// Past the load timeout (or Close): the callers have, or are
+		// about to get, the timeout, whatever the loader returned.
 		err := c.loadEnded(ctx, key)
 		c.observeLoad(p, 1, start, err)
 		return result[T]{}, err
@@ -246,12 +294,21 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 		err = ErrNilValue
 	}
 	c.observeLoad(p, 1, start, err)
+	if g.kind == guardDigest && cl != nil && c.loads.isDetached(cl) {
+		// A write of this process came after the load began: whatever
+		// the key holds now, the load's value is older. (A write of
+		// another process is caught by the script, unless it wrote the
+		// very bytes the load began from and left the TTL no higher.)
+		p.stats.superseded.Add(1)
+		g = guard{}
+	}
 	switch {
 	case err == nil || errors.Is(err, DoNotCache):
 		p.stats.loads.Add(1)
 		r := result[T]{val: v, from: fromLoader}
 		if err == nil && g.kind != guardNone {
-			data, serr := c.storeLoaded(sctx, key, p, g, v)
+			data, ok, serr := c.storeLoaded(sctx, key, p, g, v)
+			stored = ok
 			if serr != nil {
 				if c.strict || errors.Is(serr, ErrSerialization) || errors.Is(serr, ErrTooLarge) {
 					return result[T]{}, serr
@@ -259,8 +316,6 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 				c.report(ctx, key, serr)
 			}
 			r.data = data
-		} else if g.kind == guardLease {
-			c.release(sctx, key, p, g.value)
 		}
 		if c.perCaller && r.data == nil {
 			// Not stored, so not serialized yet. (For raw T this is v's
@@ -274,21 +329,19 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 		return r, nil
 	case errors.Is(err, ErrNotFound):
 		p.stats.loads.Add(1)
-		switch {
-		case g.kind != guardNone && p.negativeTTL > 0:
-			if _, serr := c.storeGuarded(sctx, key, p, g, []byte{tombstone}, p.negativeTTL); serr != nil {
+		if g.kind != guardNone && p.negativeTTL > 0 {
+			ok, serr := c.storeGuarded(sctx, key, p, g, []byte{tombstone}, p.negativeTTL)
+			stored = ok
+			if serr != nil {
 				c.report(ctx, key, serr)
 			}
-		case g.kind == guardLease:
-			c.release(sctx, key, p, g.value)
 		}
 		return result[T]{}, ErrNotFound
 	default:
 		p.stats.loadErrors.Add(1)
-		if g.kind == guardLease {
-			c.release(sctx, key, p, g.value)
+		if !isKeyError(err, key) {
+			err = keyErr("load", key, err)
 		}
-		err = keyErr("load", key, err)
 		if stale != nil {
 			p.stats.staleServes.Add(1)
 			c.report(ctx, key, err)
@@ -298,6 +351,12 @@ func (j loadJob[T]) run(ctx context.Context, live func() bool) (result[T], error
 		}
 		return result[T]{}, err
 	}
+}
+
+// isKeyError reports whether err is already an *Error naming key.
+func isKeyError(err error, key string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Key == key
 }
 
 // settle decides, from what the key held when the load began, how the
@@ -318,7 +377,7 @@ func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, don
 		switch from.v {
 		case vHit:
 			if j.refresh {
-				return guard{guardDigest, from.digest}, false, r, nil
+				return digestGuard(from), false, r, nil
 			}
 			// A value arrived while this load was settling.
 			from.r.from = fromRedis
@@ -326,7 +385,7 @@ func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, don
 		case vTombstone:
 			return g, true, r, ErrNotFound
 		case vStale, vUndecodable:
-			return guard{guardDigest, from.digest}, false, r, nil
+			return digestGuard(from), false, r, nil
 		case vUnavailable:
 			c.report(ctx, key, from.err)
 			return guard{}, false, r, nil
@@ -370,7 +429,7 @@ func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, don
 				c.report(ctx, key, aerr)
 				return guard{}, false, r, nil
 			case ok || s == own:
-				return guard{guardLease, own}, false, r, nil
+				return guard{kind: guardLease, value: own}, false, r, nil
 			}
 			from = c.judge(key, p, s, nil, -1, true)
 			if from.v == vLease && from.lease != j.token {
@@ -389,20 +448,17 @@ func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, don
 
 // reread reads key again, for a load that must know what it holds now.
 func (c *Cache[T]) reread(ctx context.Context, key string, p *policy[T]) judgement[T] {
-	b := c.nodes.forKey(ctx, key)
-	if !b.allow() {
-		return judgement[T]{v: vUnavailable, err: circuitOpen("get", key)}
-	}
-	s, left, err := c.fetch(ctx, b, key, p)
+	s, left, err := c.fetch(ctx, key, p)
 	return c.judge(key, p, s, err, left, true)
 }
 
-// storeLoaded encodes v and stores it under g. It returns the serialized
-// value when each caller decodes its own.
-func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g guard, v T) ([]byte, error) {
+// storeLoaded encodes v and stores it under g, and reports whether it was
+// written. It returns the serialized value when each caller decodes its
+// own.
+func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g guard, v T) ([]byte, bool, error) {
 	e, err := c.encode(ctx, key, p, v)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var data []byte
 	if c.perCaller {
@@ -410,10 +466,8 @@ func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g 
 	}
 	e.detach()
 	defer e.release()
-	if _, err := c.storeGuarded(ctx, key, p, g, e.stored, c.expiry(p, p.ttl)); err != nil {
-		return data, err
-	}
-	return data, nil
+	ok, err := c.storeGuarded(ctx, key, p, g, e.stored, c.expiry(p, p.ttl))
+	return data, ok, err
 }
 
 // isNilPointer reports whether v, of a pointer type T, is nil.

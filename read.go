@@ -30,11 +30,12 @@ const (
 // A judgement is a verdict with what the reader needs to act on it.
 type judgement[T any] struct {
 	v       verdict
-	r       result[T] // vHit and vStale: the value
-	err     error     // vUndecodable and vUnavailable: why, as an *Error
-	lease   string    // vLease: the lease value seen
-	digest  string    // vStale, vUndecodable, and a vHit due for refresh: the stored bytes' SHA-1
-	refresh bool      // vHit: old enough for a background refresh
+	r       result[T]     // vHit and vStale: the value
+	err     error         // vUndecodable and vUnavailable: why, as an *Error
+	lease   string        // vLease: the lease value seen
+	digest  string        // vStale, vUndecodable, and a vHit due for refresh: the stored bytes' SHA-1
+	left    time.Duration // the value's time to live when read; -1 when unknown or unlimited
+	refresh bool          // vHit: old enough for a background refresh
 }
 
 // judge is the one place that decides what a stored value means. It turns
@@ -54,7 +55,7 @@ func (c *Cache[T]) judge(key string, p *policy[T], s string, err error, left tim
 	case len(s) > 0 && s[0] == codec.HeaderLease:
 		return judgement[T]{v: vLease, lease: s}
 	}
-	var j judgement[T]
+	j := judgement[T]{left: left}
 	if derr := c.decode(key, p, bytesOf(s), &j.r); derr != nil {
 		p.stats.decodeErrors.Add(1)
 		j.v, j.err = vUndecodable, derr
@@ -83,12 +84,16 @@ func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)
 
 // fetch reads key from Redis under the cache's time budget: the value, and
 // with left the time it has to live when the policy needs it (-1
-// otherwise, or when it has no expiry). It tells b, key's node's breaker,
-// what the read says of the node.
-func (c *Cache[T]) fetch(ctx context.Context, b *breaker, key string, p *policy[T]) (s string, left time.Duration, err error) {
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
+// otherwise, or when it has no expiry). It tells key's node's breaker what
+// the read says of the node, and does not try a node whose breaker is
+// open (err is then an ErrCircuitOpen).
+func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) (s string, left time.Duration, err error) {
 	left = -1
+	rctx, cancel, b, ok := c.op(ctx, key)
+	defer cancel()
+	if !ok {
+		return "", left, circuitOpen("get", key)
+	}
 	if p.refreshAfter > 0 || p.staleFor > 0 {
 		pipe := c.rdb.Pipeline()
 		get := pipe.Get(rctx, key)
@@ -118,6 +123,17 @@ func (c *Cache[T]) budget(ctx context.Context) (context.Context, context.CancelF
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, c.redisTimeout)
+}
+
+// op prepares one Redis operation on key for ctx: the context bounded by
+// the budget, which also bounds finding key's node (on a Cluster whose slot
+// map the client has yet to load, that is itself a Redis call), and the
+// node's breaker; ok is false when the breaker is open and the operation
+// must not be tried. The caller calls cancel when the operation is done.
+func (c *Cache[T]) op(ctx context.Context, key string) (rctx context.Context, cancel context.CancelFunc, b *breaker, ok bool) {
+	rctx, cancel = c.budget(ctx)
+	b = c.nodes.forKey(rctx, key)
+	return rctx, cancel, b, b.allow()
 }
 
 // circuitOpen is the error of a call that did not try key's node because
@@ -180,6 +196,13 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 	}
 	plain = len(payload)
 	if c.perCaller {
+		// Each caller decodes a copy of its own, later; decode one here
+		// as well, so that a value the serializer cannot read is judged
+		// undecodable now, and reloaded, rather than failing each caller.
+		var probe T
+		if err := c.ser.Unmarshal(payload, &probe); err != nil {
+			return keyErr("get", key, serializationErr(err))
+		}
 		r.data = bytes.Clone(payload)
 		if r.data == nil {
 			r.data = []byte{}

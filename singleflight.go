@@ -88,6 +88,11 @@ func (g *group[V, A]) acquire(key string, now int64, token string, leaderWaits b
 	if token != "" {
 		c, ok = g.byToken[tokenKey{key, token}]
 		ok = ok && !c.finished && !c.detached
+		if ok && token == unprovenToken {
+			// Nothing proves that no write came since it began: share it
+			// only within the window, as a read is.
+			ok = now < c.began+g.window
+		}
 	} else {
 		c, ok = g.m[key]
 		ok = ok && g.joinable(c, now)
@@ -226,6 +231,13 @@ func (g *group[V, A]) forget(key string) {
 }
 
 type tokenKey struct{ key, token string }
+
+// isDetached reports whether a write detached c (see forget).
+func (g *group[V, A]) isDetached(c *call[V]) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return c.detached
+}
 
 // running returns the load of key under way with token, if any may be
 // joined.

@@ -139,13 +139,12 @@ func redisTTL(ttl time.Duration) time.Duration {
 // which overwrites any value and any lease, so that no load begun before
 // it can store its value afterwards (see lease.go).
 func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []byte, ttl time.Duration) error {
-	b := c.nodes.forKey(ctx, key)
-	if !b.allow() {
+	rctx, cancel, b, ok := c.op(ctx, key)
+	defer cancel()
+	if !ok {
 		return circuitOpen("set", key)
 	}
-	rctx, cancel := c.budget(ctx)
 	err := c.rdb.Set(rctx, key, stored, redisTTL(ttl)).Err()
-	cancel()
 	b.feed(judgeRedis(ctx, err))
 	if err != nil {
 		c.redisFailed(p, b, err)
