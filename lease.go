@@ -28,7 +28,13 @@ import (
 //   - A load that begins from a value still in place (a refresh, a stale
 //     value past its TTL, a value this reader cannot decode) stores by a
 //     script that compares the SHA-1 of what the key holds with that of
-//     what the load began from.
+//     what the load began from, and checks that the key's TTL has not gone
+//     up since (a write sets it anew). A write of this process detaches
+//     the load, which then stores nothing. The one write this cannot tell
+//     from no write is another process's rewrite of the very same bytes
+//     with a TTL no higher than the one left (possible only with
+//     TTLJitter, or for an undecodable value without expiry): the reload
+//     may then replace it.
 //
 // The cost: a miss takes one more round trip (the lease) than a plain
 // GET-then-SET, and the final write is a script; a hit costs nothing
