@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -364,8 +365,9 @@ func TestInstruments(t *testing.T) {
 			if kind != w.kind || m.Unit != w.unit || m.Description == "" {
 				t.Errorf("%s: %s in %q (%q), want a %s in %q with a description", m.Name, kind, m.Unit, m.Description, w.kind, w.unit)
 			}
+			named := regexp.MustCompile(regexp.QuoteMeta(m.Name) + `[^\w.]`)
 			for f, text := range docs {
-				if !strings.Contains(text, m.Name+" ") {
+				if !named.MatchString(text) {
 					t.Errorf("%s does not document %s", f, m.Name)
 				}
 			}

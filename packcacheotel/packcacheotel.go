@@ -43,7 +43,8 @@
 //	                            "panic" (a *packcache.PanicError), "error" (any other error)
 //	packcache.shared            true when the caller shared a Redis read or a load that another caller
 //	                            began: reads with packcache.shared=true and packcache.outcome="miss"
-//	                            are the callers that waited on another's load (coalesced waits)
+//	                            are the callers that waited on another's load (coalesced waits; see
+//	                            the README for those packcache v0.2.0 reports as not shared)
 //	packcache.codec.name        the codec's name ("zstd", "lz4", "snappy", "gzip", a custom codec's
 //	                            name), or "none" for a value stored uncompressed
 //	packcache.codec.direction   "encode" (serialize and compress for a write) or "decode"
