@@ -1,6 +1,7 @@
 package packcacheotel
 
 import (
+	"maps"
 	"net"
 	"strconv"
 	"sync"
@@ -36,17 +37,12 @@ func (t *table[V]) get(name string, build func() *V) *V {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old := t.m.Load()
-	if old != nil {
+	m := map[string]*V{}
+	if old := t.m.Load(); old != nil {
 		if v, ok := (*old)[name]; ok {
-			return v
+			return v // built while this caller waited for mu
 		}
-	}
-	m := make(map[string]*V, 1+lenOf(old))
-	if old != nil {
-		for k, v := range *old {
-			m[k] = v
-		}
+		m = maps.Clone(*old)
 	}
 	v := build()
 	m[name] = v
@@ -54,16 +50,8 @@ func (t *table[V]) get(name string, build func() *V) *V {
 	return v
 }
 
-func lenOf[V any](m *map[string]*V) int {
-	if m == nil {
-		return 0
-	}
-	return len(*m)
-}
-
 // prefixSets holds the options of every measurement about one prefix.
 type prefixSets struct {
-	name  string
 	attrs []attribute.KeyValue // the constant attributes and packcache.prefix
 
 	reads [numReadOutcomes][2][]metric.AddOption // by outcome, then shared
@@ -71,8 +59,8 @@ type prefixSets struct {
 		record []metric.RecordOption // packcache.load.duration
 		add    []metric.AddOption    // packcache.load.keys
 	}
-	codecs table[codecSets]
-	errors table[table[[]metric.AddOption]] // by node, then error.type
+	codecs      table[codecSets]
+	redisErrors table[table[[]metric.AddOption]] // by node, then error.type
 }
 
 // codecSets holds the options of the codec measurements of one prefix and
@@ -113,7 +101,7 @@ func with(base []attribute.KeyValue, kvs ...attribute.KeyValue) []attribute.KeyV
 
 func (o *observer) prefix(name string) *prefixSets {
 	return o.prefixes.get(name, func() *prefixSets {
-		p := &prefixSets{name: name, attrs: with(o.base, keyPrefix.String(name))}
+		p := &prefixSets{attrs: with(o.base, keyPrefix.String(name))}
 		for r := range numReadOutcomes {
 			for shared := range 2 {
 				s := set(with(p.attrs, keyOutcome.String(packcache.ReadOutcome(r).String()), keyShared.Bool(shared == 1))...)
@@ -146,7 +134,7 @@ func (p *prefixSets) codec(name string) *codecSets {
 // redisError returns the options of a Redis error of type etype on node n
 // for this prefix.
 func (p *prefixSets) redisError(n *nodeSets, etype string) []metric.AddOption {
-	byType := p.errors.get(n.address, func() *table[[]metric.AddOption] { return new(table[[]metric.AddOption]) })
+	byType := p.redisErrors.get(n.address, func() *table[[]metric.AddOption] { return new(table[[]metric.AddOption]) })
 	return *byType.get(etype, func() *[]metric.AddOption {
 		kvs := append(with(p.attrs, n.server...), keyErrorType.String(etype))
 		return &[]metric.AddOption{set(kvs...)}

@@ -69,6 +69,43 @@ func TestReads(t *testing.T) {
 	}
 }
 
+// TestEveryReadOutcome: each outcome packcache names is counted under its
+// name. It fails when packcache gains an outcome that this module's
+// tables have no room for (they would drop it).
+func TestEveryReadOutcome(t *testing.T) {
+	o, r := newObserver(t)
+	var names []string
+	for i := range 256 {
+		name, ok := outcomeName(packcache.ReadOutcome(i))
+		if !ok {
+			break
+		}
+		names = append(names, name)
+		o.ObserveRead(packcache.ReadEvent{Prefix: "p:", Outcome: packcache.ReadOutcome(i)})
+	}
+	s := collect(t, r)
+	for _, n := range names {
+		if got := s.sum("packcache.reads", outcome(n)); got != 1 {
+			t.Errorf("outcome %q counted %d times, want 1", n, got)
+		}
+	}
+	if len(names) < 5 {
+		t.Errorf("packcache names %d outcomes (%q), want at least hit, miss, stale, not_found and error", len(names), names)
+	}
+}
+
+// outcomeName returns o's name, or false if packcache names no such
+// outcome.
+func outcomeName(o packcache.ReadOutcome) (name string, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	name = o.String()
+	return name, name != "" && !strings.ContainsAny(name, "()")
+}
+
 func TestLoads(t *testing.T) {
 	o, r := newObserver(t)
 	loaderErr := errors.New("db down")
