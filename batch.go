@@ -125,10 +125,14 @@ func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, er
 		return found, nil
 	}
 	var errs []error
+	keys, tickets := c.nearMany(keys, found)
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.policy(k)
 		j := c.judge(k, p, rp.s, rp.err, rp.left, false)
+		if tickets != nil && p.near != nil && j.v == vHit {
+			c.keepNear(k, p, tickets[i], j)
+		}
 		_, err := c.rule(ctx, k, j, false)
 		v, err := c.deliver(k, p, j.r, err, false)
 		switch {
@@ -179,10 +183,14 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 	var errs []error
 	var toLoad []string
 	from := map[string]judgement[T]{}
+	keys, tickets := c.nearMany(keys, found)
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.policy(k)
 		j := c.judge(k, p, rp.s, rp.err, rp.left, true)
+		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
+			c.keepNear(k, p, tickets[i], j)
+		}
 		load, err := c.rule(ctx, k, j, true)
 		switch {
 		case err != nil:
@@ -252,6 +260,34 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 		}
 	}
 	return found, errors.Join(errs...)
+}
+
+// nearMany answers from the near caches the keys they hold, into found,
+// and returns the others, with the tickets of those that have a near
+// cache (nil when none has), taken before they are read.
+func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []ticket) {
+	if c.nears == nil {
+		return keys, nil
+	}
+	rest := keys[:0:0]
+	for _, k := range keys {
+		p := c.policy(k)
+		if p.near != nil {
+			if e, ok := p.near.get(k); ok {
+				p.stats.nearHits.Add(1)
+				if v, err := c.deliver(k, p, result[T]{val: e.val, data: e.data, from: fromNear}, nil, false); err == nil {
+					found[k] = v
+					continue
+				}
+			}
+		}
+		rest = append(rest, k)
+	}
+	tickets := make([]ticket, len(rest))
+	for i, k := range rest {
+		tickets[i] = c.marks.take(k)
+	}
+	return rest, tickets
 }
 
 // batchLoader adapts a GetOrLoadMany function to a Loader of one key, for

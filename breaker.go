@@ -16,6 +16,7 @@ import (
 // lets one call through to probe. The probe's success closes it; its
 // failure opens it again.
 type breaker struct {
+	mu        sync.Mutex // orders openings and closings, so observers see them in order
 	cfg       breakerConfig
 	addr      string   // the node's address, for observers; "" on a single node
 	obs       Observer // told when it opens or closes; nil: nobody
@@ -47,9 +48,13 @@ func (b *breaker) success() {
 	if b.failures.Load() != 0 {
 		b.failures.Store(0)
 	}
-	if b.openUntil.Load() != 0 && b.openUntil.Swap(0) != 0 {
-		b.probeAt.Store(0)
-		b.notify(false)
+	if b.openUntil.Load() != 0 {
+		b.mu.Lock()
+		if b.openUntil.Swap(0) != 0 {
+			b.probeAt.Store(0)
+			b.notify(false)
+		}
+		b.mu.Unlock()
 	}
 }
 
@@ -58,11 +63,13 @@ func (b *breaker) failure() {
 		return
 	}
 	if n := b.failures.Add(1); n >= int64(b.cfg.failures) || b.openUntil.Load() != 0 {
+		b.mu.Lock()
 		old := b.openUntil.Swap(time.Now().Add(b.cfg.cooldown).UnixNano())
 		b.probeAt.Store(0)
 		if old == 0 {
 			b.notify(true)
 		}
+		b.mu.Unlock()
 	}
 }
 
@@ -84,8 +91,12 @@ type nodes struct {
 }
 
 func newNodes(rdb redis.UniversalClient, cfg breakerConfig, obs Observer) *nodes {
-	n := &nodes{cfg: cfg, obs: obs, one: breaker{cfg: cfg, obs: obs}}
+	n := &nodes{cfg: cfg, obs: obs}
+	n.one.cfg, n.one.obs = cfg, obs
 	n.cluster, _ = rdb.(*redis.ClusterClient)
+	if c, ok := rdb.(*redis.Client); ok {
+		n.one.addr = c.Options().Addr // "FailoverClient" through Sentinel
+	}
 	return n
 }
 

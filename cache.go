@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"reflect"
 	"strings"
 	"sync"
@@ -83,6 +84,13 @@ type Cache[T any] struct {
 	joiningFn func(context.Context, string) error
 
 	life life
+
+	// The near caches (WithLocalCache), their invalidation stream, and
+	// the marks that keep a read begun before a write out of them.
+	nears    []*near[T]
+	inv      *invalidator
+	marks    marks
+	nearOnce sync.Once
 }
 
 // policy is a Policy resolved: every field set, in the form the cache
@@ -99,6 +107,7 @@ type policy[T any] struct {
 	negativeTTL  time.Duration // 0: not remembered
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
+	near         *near[T]      // nil: no near cache
 	stats        counters
 }
 
@@ -115,15 +124,20 @@ type flight[T any] struct {
 type result[T any] struct {
 	val   T
 	data  []byte // the serialized value, when each caller decodes its own
+	size  int    // the serialized value's length, when decoded from Redis
 	from  source
 	stale bool
+	// joined: the read that produced it joined a load another began, so
+	// its callers shared work (for Stats and the Observer).
+	joined bool
 }
 
 type source uint8
 
 const (
-	fromRedis source = iota
-	fromLoader
+	fromRedis  source = iota
+	fromLoader        // a load
+	fromNear          // the near cache
 )
 
 // New returns a Cache over rdb. Invalid options are reported here, not
@@ -187,7 +201,101 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		}
 		c.prefixes = append(c.prefixes, p)
 	}
+	if err := c.startNear(rdb, cfg); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// startNear makes the near caches the policies ask for (one for the base
+// and the prefixes that inherit it, one for each prefix with a LocalCache
+// of its own) and starts their invalidation stream.
+func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
+	var tracked []string
+	minLag := time.Duration(0)
+	add := func(p *policy[T], lc LocalCache) error {
+		n, err := newNear[T](lc, &c.marks)
+		if err != nil {
+			return err
+		}
+		p.near = n
+		c.nears = append(c.nears, n)
+		tracked = append(tracked, p.prefix)
+		if minLag == 0 || n.lc.MaxLag < minLag {
+			minLag = n.lc.MaxLag
+		}
+		return nil
+	}
+	if cfg.base.Local.MaxBytes > 0 {
+		if err := add(c.base, cfg.base.Local); err != nil {
+			return err
+		}
+	}
+	for _, p := range c.prefixes {
+		switch own := cfg.prefixes[p.prefix].Local; {
+		case own.zero():
+			if c.base.near != nil {
+				p.near = c.base.near
+				tracked = append(tracked, p.prefix)
+			}
+		case own.MaxBytes > 0:
+			if err := add(p, own); err != nil {
+				return err
+			}
+		}
+	}
+	if len(c.nears) == 0 {
+		return nil
+	}
+	c.marks.seed = maphash.MakeSeed()
+	inv, err := newInvalidator(rdb, tracked, minLag/4, c.invalidate, c.flushNear, func(err error) { c.report(context.Background(), "", err) })
+	if err != nil {
+		for _, n := range c.nears {
+			n.entries.StopAllGoroutines()
+		}
+		return fmt.Errorf("packcache: %w", err)
+	}
+	c.inv = inv
+	for _, n := range c.nears {
+		n.inv = inv
+	}
+	return nil
+}
+
+// keepNear puts a value read from Redis in key's near cache, unless a
+// write of key came since t. It lives no longer than the value has until
+// it is stale or due for refresh, where that is known.
+func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) {
+	var ttl time.Duration
+	if j.left > 0 {
+		ttl = j.left - p.staleFor // until it is stale
+		if p.refreshAfter > 0 {
+			age := p.ttl + p.staleFor - j.left
+			ttl = min(ttl, p.refreshAfter-age) // until it is due for refresh
+		}
+		if ttl <= 0 {
+			return
+		}
+	}
+	p.near.put(key, t, j.r, j.r.size, ttl)
+}
+
+// invalidate removes keys from the near caches: they were written.
+func (c *Cache[T]) invalidate(keys []string) {
+	for _, k := range keys {
+		c.marks.touch(k)
+		if n := c.policy(k).near; n != nil {
+			n.entries.Invalidate(k)
+		}
+	}
+}
+
+// flushNear empties the near caches.
+func (c *Cache[T]) flushNear() {
+	c.marks.touchAll()
+	for _, n := range c.nears {
+		n.entries.InvalidateAll()
+	}
 }
 
 // checkClient refuses a go-redis client that ignores context deadlines.
@@ -304,6 +412,7 @@ func (c *Cache[T]) Close() error {
 	if old := c.life.state.Or(closedBit); old&^closedBit == 0 {
 		c.life.once.Do(func() { close(c.life.idle) })
 	}
+	defer c.closeNear()
 	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
 	defer t.Stop()
 	select {
@@ -320,6 +429,19 @@ func (c *Cache[T]) Close() error {
 		return fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
 			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout)
 	}
+}
+
+// closeNear stops the near caches' goroutines, once.
+func (c *Cache[T]) closeNear() {
+	c.nearOnce.Do(func() {
+		if c.inv != nil {
+			c.inv.close()
+		}
+		for _, n := range c.nears {
+			n.entries.StopAllGoroutines()
+		}
+		c.flushNear()
+	})
 }
 
 func (c *Cache[T]) policy(key string) *policy[T] {
@@ -392,6 +514,12 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 }
 
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+	if p.near != nil {
+		if e, ok := p.near.get(key); ok {
+			p.stats.nearHits.Add(1)
+			return c.deliver(key, p, result[T]{val: e.val, data: e.data, from: fromNear}, nil, false)
+		}
+	}
 	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
 		r, err := lookup(ctx, f, nil)
@@ -413,11 +541,19 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 // holds, and acts on the judgement.
 func lookup[T any](ctx context.Context, f flight[T], cl *call[result[T]]) (result[T], error) {
 	c, key, p := f.c, f.key, f.p
+	var t ticket
+	if p.near != nil {
+		t = c.marks.take(key) // before the read is sent
+	}
 	s, left, err := c.fetch(ctx, key, p)
 	if cl != nil {
 		cl.seal()
 	}
-	return c.act(ctx, f, c.judge(key, p, s, err, left, f.ld != nil))
+	j := c.judge(key, p, s, err, left, f.ld != nil)
+	if p.near != nil && j.v == vHit && !j.refresh {
+		c.keepNear(key, p, t, j)
+	}
+	return c.act(ctx, f, j)
 }
 
 // act does with a judgement what rule says, for one key.
@@ -565,6 +701,9 @@ func (c *Cache[T]) Stats() Stats {
 		snap := p.stats.snapshot()
 		s.Prefixes[p.prefix] = snap
 		s.Counters.add(snap)
+	}
+	for _, n := range c.nears {
+		s.NearBytes += n.entries.WeightedSize()
 	}
 	return s
 }

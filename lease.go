@@ -191,7 +191,12 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, key string, p *policy[T], g
 // of a load's value: such a read may have found the key missing, which
 // later callers must not be given. (Reads with a loader that found it
 // missing share the very load that stored.)
-func (c *Cache[T]) wrote(key string) { c.lookups.forget(key) }
+func (c *Cache[T]) wrote(key string) {
+	c.lookups.forget(key)
+	if c.nears != nil {
+		c.invalidate([]string{key})
+	}
+}
 
 // release removes our lease from key if it is still there: the load it
 // stood for stores nothing.

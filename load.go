@@ -181,6 +181,7 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 		go c.runLoad(ctx, cl, job)
 	}
 	r, err := wait(ctx, cl)
+	r.joined = joined
 	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
 		// The load this caller joined failed (it may have begun as a
 		// refresh, with no stale value of its own to fall back on):

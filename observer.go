@@ -56,6 +56,7 @@ type ReadEvent struct {
 	Prefix  string
 	Outcome ReadOutcome
 	Shared  bool // the reader shared a read or load another caller began
+	Near    bool // a hit answered by the near cache (WithLocalCache)
 }
 
 // A LoadEvent is one loader call.
@@ -80,7 +81,7 @@ type CodecEvent struct {
 // or closing.
 type RedisEvent struct {
 	Prefix string // "" for breaker events
-	Node   string // the node's address; "" when the client has one node
+	Node   string // the node's address (a Sentinel client's is "FailoverClient"); "" when unknown
 	Err    error  // the failure; nil for breaker events
 
 	// Breaker events: Open reports the breaker's new state.
@@ -118,7 +119,7 @@ func (c *Cache[T]) observeRead(p *policy[T], r result[T], err error, shared bool
 	default:
 		o = ReadError
 	}
-	c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared})
+	c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared, Near: err == nil && r.from == fromNear})
 }
 
 // observeLoad tells the observer of a loader call that began at start.

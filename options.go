@@ -89,6 +89,12 @@ type Policy struct {
 	// TTL. A Get of such a value reloads; if the loader fails, the stale
 	// value is returned instead of the error.
 	StaleFor time.Duration
+
+	// Local keeps the prefix's decoded values in a near cache of its own
+	// (see WithLocalCache). The zero LocalCache inherits the cache's (the
+	// prefix then shares its near cache and its MaxBytes);
+	// LocalCache{MaxBytes: Off} turns it off for the prefix.
+	Local LocalCache
 }
 
 // An Option configures a Cache in New.
@@ -452,6 +458,9 @@ func (p Policy) check() error {
 			return fmt.Errorf("%s %v is neither a duration nor Off", name, d)
 		}
 	}
+	if !p.Local.zero() {
+		return p.Local.check()
+	}
 	return nil
 }
 
@@ -483,6 +492,9 @@ func (p Policy) merge(base Policy) Policy {
 	}
 	if p.StaleFor == 0 {
 		p.StaleFor = base.StaleFor
+	}
+	if p.Local.zero() {
+		p.Local = base.Local
 	}
 	return p
 }

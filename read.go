@@ -147,7 +147,8 @@ func circuitOpen(op, key string) error {
 // no allocation of its own.
 func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (err error) {
 	*r = result[T]{}
-	plain := 0 // the serialized value's size, for the observer
+	plain := 0 // the serialized value's size, for the observer and the near cache
+	defer func() { r.size = plain }()
 	if c.obs != nil {
 		start := time.Now()
 		defer func() {
@@ -230,13 +231,13 @@ func (c *Cache[T]) unmarshal(data []byte, v *T) error {
 // when each caller decodes its own. shared says whether the caller shared
 // work another began.
 func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, shared bool) (T, error) {
-	c.observeRead(p, r, err, shared)
+	c.observeRead(p, r, err, shared || r.joined)
 	switch {
 	case err == nil:
-		if r.from == fromRedis {
-			p.stats.hits.Add(1)
-		} else {
+		if r.from == fromLoader {
 			p.stats.misses.Add(1)
+		} else {
+			p.stats.hits.Add(1)
 		}
 	case errors.Is(err, ErrMiss):
 		p.stats.misses.Add(1)

@@ -17,7 +17,9 @@ type Stats struct {
 
 // Counters counts what a cache did since it was created.
 type Counters struct {
-	Hits         uint64 // Get and GetMany calls answered from Redis
+	Hits         uint64 // Get and GetMany calls answered from Redis or the near cache
+	NearHits     uint64 // of those, answered by the near cache
+	NearBytes    uint64 // estimated bytes the near caches hold now (WithLocalCache; in the total only)
 	Misses       uint64 // lookups that found no value
 	Sets         uint64 // values written
 	DecodeErrors uint64 // stored values that could not be decoded
@@ -50,6 +52,7 @@ type CodecStats struct {
 
 type counters struct {
 	hits, misses, sets, decodeErrors, redisErrors   atomic.Uint64
+	nearHits                                        atomic.Uint64
 	loads, loadErrors, notFoundHits, coalescedWaits atomic.Uint64
 	lockWaits, refreshes, staleServes, superseded   atomic.Uint64
 	codecs                                          [256]codecCounters
@@ -69,6 +72,7 @@ func (c *counters) wrote(id byte, in, out int) {
 func (c *counters) snapshot() Counters {
 	s := Counters{
 		Hits:           c.hits.Load(),
+		NearHits:       c.nearHits.Load(),
 		Misses:         c.misses.Load(),
 		Sets:           c.sets.Load(),
 		DecodeErrors:   c.decodeErrors.Load(),
@@ -104,6 +108,7 @@ func (c *counters) snapshot() Counters {
 
 func (s *Counters) add(o Counters) {
 	s.Hits += o.Hits
+	s.NearHits += o.NearHits
 	s.Misses += o.Misses
 	s.Sets += o.Sets
 	s.DecodeErrors += o.DecodeErrors

@@ -161,4 +161,7 @@ func (c *Cache[T]) forget(key string) {
 	c.lookups.forget(key)
 	c.reads.forget(key)
 	c.loads.forget(key)
+	if c.nears != nil {
+		c.invalidate([]string{key})
+	}
 }

@@ -54,7 +54,7 @@ func (t *table[V]) get(name string, build func() *V) *V {
 type prefixSets struct {
 	attrs []attribute.KeyValue // the constant attributes and packcache.prefix
 
-	reads [numReadOutcomes][2][]metric.AddOption // by outcome, then shared
+	reads [numReadOutcomes][2][2][]metric.AddOption // by outcome, then shared, then near
 	loads [numLoadOutcomes]struct {
 		record []metric.RecordOption // packcache.load.duration
 		add    []metric.AddOption    // packcache.load.keys
@@ -104,8 +104,10 @@ func (o *observer) prefix(name string) *prefixSets {
 		p := &prefixSets{attrs: with(o.base, keyPrefix.String(name))}
 		for r := range numReadOutcomes {
 			for shared := range 2 {
-				s := set(with(p.attrs, keyOutcome.String(packcache.ReadOutcome(r).String()), keyShared.Bool(shared == 1))...)
-				p.reads[r][shared] = []metric.AddOption{s}
+				for near := range 2 {
+					s := set(with(p.attrs, keyOutcome.String(packcache.ReadOutcome(r).String()), keyShared.Bool(shared == 1), keyNear.Bool(near == 1))...)
+					p.reads[r][shared][near] = []metric.AddOption{s}
+				}
 			}
 		}
 		for l := range numLoadOutcomes {

@@ -15,7 +15,7 @@
 // packcache_load_duration_seconds):
 //
 //	packcache.reads            counter, {read}     one per caller of Get and GetOrLoad, and per key of GetMany and GetOrLoadMany
-//	                                               attributes: packcache.prefix, packcache.outcome, packcache.shared
+//	                                               attributes: packcache.prefix, packcache.outcome, packcache.shared, packcache.near
 //	packcache.load.duration    histogram, s        one per loader call (one per batch of GetOrLoadMany)
 //	                                               attributes: packcache.prefix, packcache.outcome
 //	packcache.load.keys        counter, {key}      the keys asked of those loader calls
@@ -43,16 +43,16 @@
 //	                            "panic" (a *packcache.PanicError), "error" (any other error)
 //	packcache.shared            true when the caller shared a Redis read or a load that another caller
 //	                            began: reads with packcache.shared=true and packcache.outcome="miss"
-//	                            are the callers that waited on another's load (coalesced waits; see
-//	                            the README for those packcache v0.2.0 reports as not shared)
+//	                            are the callers that waited on another's load (coalesced waits)
+//	packcache.near              true for a hit the near cache answered (packcache.WithLocalCache)
 //	packcache.codec.name        the codec's name ("zstd", "lz4", "snappy", "gzip", a custom codec's
 //	                            name), or "none" for a value stored uncompressed
 //	packcache.codec.direction   "encode" (serialize and compress for a write) or "decode"
 //	                            (decompress and deserialize a value read from Redis)
 //	packcache.codec.form        "plain" (the serialized value) or "stored" (the bytes Redis holds,
 //	                            header included): stored over plain is the compression ratio
-//	server.address, server.port the Redis node, as the cluster client names it; absent on a
-//	                            client with one node, whose events do not name it
+//	server.address, server.port the Redis node: its address as the client names it ("FailoverClient"
+//	                            for a Sentinel client)
 //	error.type                  "timeout" (the cache's Redis budget or a network timeout),
 //	                            "canceled", "network" (refused, reset, closed connections),
 //	                            "pool_timeout" (no pooled connection in time), the code of a
@@ -136,6 +136,7 @@ const (
 	keyPrefix    = attribute.Key("packcache.prefix")
 	keyOutcome   = attribute.Key("packcache.outcome")
 	keyShared    = attribute.Key("packcache.shared")
+	keyNear      = attribute.Key("packcache.near")
 	keyCodec     = attribute.Key("packcache.codec.name")
 	keyDirection = attribute.Key("packcache.codec.direction")
 	keyForm      = attribute.Key("packcache.codec.form")
@@ -145,7 +146,7 @@ const (
 )
 
 var ownKeys = map[attribute.Key]bool{
-	keyPrefix: true, keyOutcome: true, keyShared: true, keyCodec: true, keyDirection: true,
+	keyPrefix: true, keyOutcome: true, keyShared: true, keyNear: true, keyCodec: true, keyDirection: true,
 	keyForm: true, keyAddress: true, keyPort: true, keyErrorType: true,
 }
 
@@ -226,7 +227,7 @@ func (o *observer) ObserveRead(e packcache.ReadEvent) {
 		return // an outcome newer than this module
 	}
 	p := o.prefix(e.Prefix)
-	o.reads.Add(context.Background(), 1, p.reads[e.Outcome][b2i(e.Shared)]...)
+	o.reads.Add(context.Background(), 1, p.reads[e.Outcome][b2i(e.Shared)][b2i(e.Near)]...)
 }
 
 // ObserveLoad records one loader call.

@@ -83,7 +83,7 @@ func TestServesMetrics(t *testing.T) {
 		regexp.MustCompile(`(?m)^# TYPE packcache_reads_total counter$`),
 		regexp.MustCompile(`(?m)^# TYPE packcache_load_duration_seconds histogram$`),
 		regexp.MustCompile(`(?m)^# TYPE packcache_breaker_open gauge$`),
-		regexp.MustCompile(`(?m)^packcache_reads_total\{[^}]*packcache_cache="products",packcache_outcome="hit",packcache_prefix="packcache-example:prometheus:product:",packcache_shared="false"\} \d`),
+		regexp.MustCompile(`(?m)^packcache_reads_total\{[^}]*packcache_cache="products",packcache_near="false",packcache_outcome="hit",packcache_prefix="packcache-example:prometheus:product:",packcache_shared="false"\} \d`),
 	}
 	var body string
 	var missing []string

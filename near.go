@@ -1,0 +1,221 @@
+package packcache
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync/atomic"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+)
+
+// LocalCache configures a near cache: decoded values kept in this process
+// and served without touching Redis, kept fresh by Redis itself (see
+// WithLocalCache).
+type LocalCache struct {
+	// MaxBytes bounds the estimated bytes of the entries held: by default
+	// an entry weighs its serialized length plus its key's and a small
+	// overhead (see Weigh). Entries are evicted by the W-TinyLFU policy of
+	// github.com/maypok86/otter/v2 once the total passes it. As a Policy's
+	// Local, Off turns the near cache off for the prefix.
+	MaxBytes int64
+
+	// TTL is the longest an entry is served, however fresh the
+	// invalidation stream proves it. An entry of a value that Redis holds
+	// with a shorter remaining life (known when the policy has StaleFor or
+	// RefreshAfter) lives no longer than that.
+	TTL time.Duration
+
+	// MaxLag is how long the near cache trusts its invalidation stream
+	// without proof. It sends a heartbeat through each invalidation
+	// connection every quarter of MaxLag, and serves entries only while a
+	// heartbeat sent at most MaxLag ago has come back; since Redis sends
+	// a key's invalidation before any later reply, a write that Redis
+	// completed more than MaxLag before a Get began is never hidden from
+	// it. Zero means DefaultMaxLag.
+	MaxLag time.Duration
+
+	// Weigh, if set, estimates an entry's bytes from its key and value
+	// size in serialized form, replacing the default estimate. A weight of
+	// zero is not cached. It runs inside the eviction policy's locks and
+	// must not call the cache.
+	Weigh func(key string, serialized int) int
+}
+
+// DefaultMaxLag is LocalCache's MaxLag when none is set.
+const DefaultMaxLag = 500 * time.Millisecond
+
+// entryOverhead is what an entry costs besides its key and value, in the
+// default estimate: otter's node, the entry struct, map slots.
+const entryOverhead = 160
+
+func (lc LocalCache) zero() bool {
+	return lc.MaxBytes == 0 && lc.TTL == 0 && lc.MaxLag == 0 && lc.Weigh == nil
+}
+
+func (lc LocalCache) check() error {
+	if lc.MaxBytes == Off {
+		return nil
+	}
+	if lc.MaxBytes < 1 {
+		return fmt.Errorf("LocalCache: MaxBytes %d is not positive", lc.MaxBytes)
+	}
+	if lc.TTL <= 0 {
+		return fmt.Errorf("LocalCache: TTL %v is not positive", lc.TTL)
+	}
+	if lc.MaxLag < 0 {
+		return fmt.Errorf("LocalCache: MaxLag %v is negative", lc.MaxLag)
+	}
+	return nil
+}
+
+// WithLocalCache keeps decoded values in this process, in a near cache in
+// front of Redis, for keys whose prefix's Policy does not set Local (see
+// LocalCache).
+//
+// A Get of a key the near cache holds returns its value without touching
+// Redis: a surge on a hot key costs its callers a map read each. Values
+// are shared among callers as coalesced values are (read-only, unless
+// WithDecodePerCaller, which decodes a copy for each caller).
+//
+// The near cache is kept fresh by Redis: the cache opens one connection
+// per Redis master (following a Cluster's topology) on which it enables
+// CLIENT TRACKING in broadcast mode for the prefixes that have a near
+// cache (Redis 6.0 or later), so that a write of such a key by anyone (any
+// process, redis-cli, a Lua script, expiry, eviction, FLUSHALL) removes the
+// entry within the invalidation's delivery time: about a millisecond on a
+// LAN, and never more than MaxLag (see LocalCache.MaxLag) for writes Redis
+// completed before a Get began. If an invalidation connection drops or
+// stalls, the near cache stops serving, and is emptied before it serves
+// again. This process's own Set, SetMany and Delete remove the entry at
+// once. A read or load that began before a write never puts its value in
+// the near cache after that write.
+//
+// Only values read from Redis enter the near cache: not values loaded
+// (the store of a load is a write, which removes the entry; the next Get
+// reads Redis and keeps the value), not remembered ErrNotFound, not values
+// past their TTL kept for StaleFor, and not values due for RefreshAfter. A
+// Get that misses the near cache is coalesced and shares reads as
+// WithShareWindow says.
+func WithLocalCache(lc LocalCache) Option {
+	return func(cfg *config) error {
+		if lc.MaxBytes == Off || lc.MaxBytes == 0 {
+			return errors.New("WithLocalCache: MaxBytes must be positive")
+		}
+		if err := lc.check(); err != nil {
+			return fmt.Errorf("WithLocalCache: %w", err)
+		}
+		cfg.base.Local = lc
+		return nil
+	}
+}
+
+// A near is one near cache: the entries of the prefixes that share one
+// LocalCache configuration.
+type near[T any] struct {
+	lc      LocalCache
+	entries *otter.Cache[string, nearEntry[T]]
+	inv     *invalidator // the invalidation stream, shared by the cache's near caches
+	marks   *marks       // the cache's write marks, which tickets are checked against
+}
+
+type nearEntry[T any] struct {
+	val    T
+	data   []byte // the serialized value, when each caller decodes its own
+	weight uint32
+	ttl    time.Duration
+}
+
+func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
+	if lc.MaxLag == 0 {
+		lc.MaxLag = DefaultMaxLag
+	}
+	n := &near[T]{lc: lc, marks: m}
+	var err error
+	n.entries, err = otter.New(&otter.Options[string, nearEntry[T]]{
+		MaximumWeight: uint64(lc.MaxBytes),
+		Weigher:       func(_ string, e nearEntry[T]) uint32 { return e.weight },
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry[T]]) time.Duration {
+			return e.Value.ttl
+		}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("packcache: near cache: %w", err)
+	}
+	return n, nil
+}
+
+// get returns key's entry if the near cache may serve it now.
+func (n *near[T]) get(key string) (nearEntry[T], bool) {
+	if n.inv == nil {
+		return nearEntry[T]{}, false
+	}
+	if !n.inv.serving(n.lc.MaxLag) {
+		return nearEntry[T]{}, false
+	}
+	return n.entries.GetIfPresent(key)
+}
+
+// put keeps r as key's value if nothing invalidated key since ticket was
+// taken (before the read that produced r was sent). size is the value's
+// serialized length; ttl, if positive, caps the entry's life.
+func (n *near[T]) put(key string, t ticket, r result[T], size int, ttl time.Duration) {
+	if n.inv == nil || !n.inv.serving(n.lc.MaxLag) || !n.marks.valid(key, t) {
+		return
+	}
+	w := len(key) + size + entryOverhead
+	if n.lc.Weigh != nil {
+		w = n.lc.Weigh(key, size)
+	}
+	if w <= 0 || int64(w) > n.lc.MaxBytes {
+		return
+	}
+	if ttl <= 0 || ttl > n.lc.TTL {
+		ttl = n.lc.TTL
+	}
+	e := nearEntry[T]{val: r.val, data: r.data, weight: uint32(min(w, 1<<32-1)), ttl: ttl}
+	n.entries.Set(key, e)
+	// A write of key may have come between the check of the ticket and
+	// the Set: look again, and undo.
+	if !n.marks.valid(key, t) {
+		n.entries.Invalidate(key)
+	}
+}
+
+// A ticket records the invalidation state of a key when a read of it
+// began, so that the read's value enters the near cache only if no write of
+// the key came since.
+type ticket struct {
+	epoch, stripe uint64
+}
+
+// stripes is the number of invalidation counters keys are spread over: a
+// write of one key refuses the near cache the reads in flight of the keys
+// that share its counter, one in 4096.
+const stripes = 4096
+
+// marks holds the counters that tickets are checked against.
+type marks struct {
+	epoch   atomic.Uint64 // bumped when everything is invalidated
+	stripes [stripes]atomic.Uint64
+	seed    maphash.Seed
+}
+
+func (m *marks) stripe(key string) *atomic.Uint64 {
+	return &m.stripes[maphash.String(m.seed, key)%stripes]
+}
+
+func (m *marks) take(key string) ticket {
+	return ticket{m.epoch.Load(), m.stripe(key).Load()}
+}
+
+func (m *marks) valid(key string, t ticket) bool {
+	return m.epoch.Load() == t.epoch && m.stripe(key).Load() == t.stripe
+}
+
+// touch records a write of key: reads of it in flight keep their values out.
+func (m *marks) touch(key string) { m.stripe(key).Add(1) }
+
+// touchAll records that anything may have been written.
+func (m *marks) touchAll() { m.epoch.Add(1) }

@@ -1,0 +1,405 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// The near cache's promises: it serves hot keys without Redis, sees every
+// write by anyone within its bound (MaxLag for writes Redis completed
+// before a Get began), stops serving and empties when its invalidation
+// connection drops or stalls, removes this process's own writes at once,
+// never takes in a value read before a write, and holds its memory bound.
+
+func nearOpts(opts ...packcache.Option) []packcache.Option {
+	return append([]packcache.Option{packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Minute})}, opts...)
+}
+
+// waitNear Gets key until the near cache answers, and fails if it does
+// not within 5 s.
+func waitNear[T any](t *testing.T, c *packcache.Cache[T], key string) {
+	t.Helper()
+	ctx := ctxT(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := c.Stats().NearHits
+		if _, err := c.Get(ctx, key); err != nil {
+			t.Fatalf("Get %s: %v", key, err)
+		}
+		if c.Stats().NearHits > before {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the near cache did not serve %s within 5 s", key)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// redisCLI runs redis-cli against tg with args.
+func redisCLI(t *testing.T, tg redistest.Target, args ...string) string {
+	t.Helper()
+	var host, port string
+	var pre []string
+	if tg.Server != nil {
+		host, port, _ = net.SplitHostPort(tg.Server.Addr())
+	} else {
+		host, port, _ = net.SplitHostPort(tg.Cluster.Addrs()[0])
+		pre = []string{"-c"}
+	}
+	out, err := exec.Command("redis-cli", append(append(pre, "-h", host, "-p", port), args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli %v: %v: %s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestNearSeesWritesByAnyone: values written by another client (redis-cli
+// SET and DEL, a Lua script, a go-redis client, FLUSHALL) are seen by the
+// next Get, within the invalidation's delivery; the latency of many writes
+// is measured.
+func TestNearSeesWritesByAnyone(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		// No share window: a Get after a write shares no read begun
+		// before it, so what it sees is the near cache's doing.
+		c := mustNew[Channel](t, tg.Client, nearOpts(packcache.WithShareWindow(0))...)
+		other := otherClient(t, tg)
+		key := "near:" + tg.Name + ":w"
+		if err := c.Set(ctx, key, Channel{ID: "v0"}); err != nil {
+			t.Fatal(err)
+		}
+		waitNear(t, c, key)
+		seen := func(want string) time.Duration {
+			t.Helper()
+			start := time.Now()
+			for {
+				v, err := c.Get(ctx, key)
+				switch {
+				case want == "<miss>" && errors.Is(err, packcache.ErrMiss):
+					return time.Since(start)
+				case err == nil && v.ID == want:
+					return time.Since(start)
+				}
+				if time.Since(start) > 2*time.Second {
+					t.Fatalf("after a write of %s by another client, Get still returns %+v, %v", want, v, err)
+				}
+			}
+		}
+		redisCLI(t, tg, "SET", key, `{"id":"cli-set"}`)
+		t.Logf("redis-cli SET seen after %v", seen("cli-set"))
+		waitNear(t, c, key)
+		redisCLI(t, tg, "DEL", key)
+		t.Logf("redis-cli DEL seen after %v", seen("<miss>"))
+		other.Set(ctx, key, `{"id":"script"}`, 0)
+		waitNear(t, c, key)
+		other.Eval(ctx, `redis.call('SET', KEYS[1], ARGV[1])`, []string{key}, `{"id":"lua"}`)
+		seen("lua")
+
+		// The delivery latency, over many writes: from the write's return
+		// to the first Get that sees it.
+		var lat []time.Duration
+		for i := range 200 {
+			waitNear(t, c, key)
+			want := fmt.Sprintf("w%d", i)
+			if err := other.Set(ctx, key, fmt.Sprintf(`{"id":%q}`, want), 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			lat = append(lat, seen(want))
+		}
+		slices.Sort(lat)
+		t.Logf("%s: a write by another client seen after p50 %v, p99 %v, max %v (200 writes; the bound is MaxLag, %v)",
+			tg.Name, lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], packcache.DefaultMaxLag)
+		if lat[len(lat)-1] > packcache.DefaultMaxLag+50*time.Millisecond {
+			t.Errorf("a write went unseen for %v", lat[len(lat)-1])
+		}
+
+		// FLUSHALL empties the near cache. (Only on the single node: the
+		// cluster is shared by the tests of this binary.)
+		if tg.Server != nil {
+			waitNear(t, c, key)
+			tg.Server.FlushAll(t)
+			seen("<miss>")
+		}
+	})
+}
+
+// TestNearOwnWritesAtOnce: this process's Set, SetMany and Delete remove
+// the entry before they return: the next Get never sees the old value.
+func TestNearOwnWritesAtOnce(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		c := mustNew[Channel](t, tg.Client, nearOpts()...)
+		key := "near:" + tg.Name + ":own"
+		for i := range 50 {
+			if err := c.Set(ctx, key, Channel{ID: fmt.Sprint(i)}); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := c.Get(ctx, key); err != nil || v.ID != fmt.Sprint(i) {
+				t.Fatalf("Get right after Set %d: %+v, %v", i, v, err)
+			}
+			c.Get(ctx, key) // into the near cache, maybe
+		}
+		waitNear(t, c, key)
+		c.SetMany(ctx, map[string]Channel{key: {ID: "many"}})
+		if v, _ := c.Get(ctx, key); v.ID != "many" {
+			t.Fatalf("Get right after SetMany: %+v", v)
+		}
+		waitNear(t, c, key)
+		c.Delete(ctx, key)
+		if _, err := c.Get(ctx, key); !errors.Is(err, packcache.ErrMiss) {
+			t.Fatalf("Get right after Delete: %v", err)
+		}
+	})
+}
+
+// TestNearKilledConnection: when the invalidation connection is killed,
+// the near cache empties and serves nothing it cannot prove fresh: a
+// write made while it was down is seen, and once it reconnects it serves
+// again.
+func TestNearKilledConnection(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		var errs atomic.Int64
+		c := mustNew[Channel](t, tg.Client, nearOpts(packcache.WithErrorHandler(func(context.Context, string, error) { errs.Add(1) }))...)
+		other := otherClient(t, tg)
+		key := "near:" + tg.Name + ":killed"
+		c.Set(ctx, key, Channel{ID: "before"})
+		waitNear(t, c, key)
+		// Kill the invalidation connections, and write while they are
+		// down: that write's invalidation is lost.
+		kill := func() {
+			if tg.Server != nil {
+				other.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+				return
+			}
+			for _, n := range tg.Cluster.Nodes() {
+				n.Client(t).Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+			}
+		}
+		kill()
+		other.Set(ctx, key, `{"id":"written-while-down"}`, 0)
+		written := time.Now()
+		for {
+			v, err := c.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.ID == "written-while-down" {
+				break
+			}
+			if since := time.Since(written); since > packcache.DefaultMaxLag+50*time.Millisecond {
+				t.Fatalf("%v after a write made while the invalidation connection was down, the near cache still serves %q", since, v.ID)
+			}
+		}
+		// It reconnects, and serves again.
+		waitNear(t, c, key)
+		if errs.Load() == 0 {
+			t.Error("the lost connection was not reported to the error handler")
+		}
+	})
+}
+
+// TestNearStalledRedis: with Redis stopped by SIGSTOP, no heartbeat comes
+// back, and the near cache stops serving within MaxLag: a Get goes to
+// Redis (and to the loader) rather than trust what it cannot prove fresh.
+func TestNearStalledRedis(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb, nearOpts(packcache.WithRedisTimeout(200*time.Millisecond),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			return Channel{ID: "loaded"}, nil
+		})))...)
+	c.Set(ctx, "stall", Channel{ID: "stored"})
+	waitNear(t, c, "stall")
+	s.Pause(t)
+	defer s.Resume(t)
+	time.Sleep(packcache.DefaultMaxLag + 50*time.Millisecond)
+	before := c.Stats().NearHits
+	v, err := c.Get(ctx, "stall")
+	if err != nil || v.ID != "loaded" || c.Stats().NearHits != before {
+		t.Fatalf("Get with Redis stalled past MaxLag: %+v, %v (near hits %d -> %d); want the loader's value, not the near cache's", v, err, before, c.Stats().NearHits)
+	}
+}
+
+// TestNearNoOlderReadAfterWrite: a read whose GET ran before a write, but
+// whose reply arrives after it, does not put its old value in the near
+// cache: for this process's write and for another's.
+func TestNearNoOlderReadAfterWrite(t *testing.T) {
+	for _, writer := range []string{"this", "other"} {
+		t.Run(writer, func(t *testing.T) {
+			s := redistest.Start(t)
+			hook := &slowGetHook{delay: 200 * time.Millisecond}
+			rdb := s.Client(t)
+			rdb.AddHook(hook)
+			ctx := ctxT(t)
+			c := mustNew[Channel](t, rdb, nearOpts(packcache.WithShareWindow(0))...)
+			other := s.Client(t)
+			c.Set(ctx, "k", Channel{ID: "old"})
+			c.Get(ctx, "warm") // the invalidation stream is up
+			waitNearMiss(t, c)
+			hook.armed.Store(true)
+			first := make(chan Channel, 1)
+			go func() { v, _ := c.Get(ctx, "k"); first <- v }()
+			for hook.armed.Load() { // the slow GET has run
+				time.Sleep(time.Millisecond)
+			}
+			if writer == "this" {
+				c.Set(ctx, "k", Channel{ID: "new"})
+			} else {
+				other.Set(ctx, "k", `{"id":"new"}`, 0)
+				time.Sleep(50 * time.Millisecond) // its invalidation arrives
+			}
+			if v := <-first; v.ID != "old" {
+				t.Fatalf("the slow read got %q", v.ID)
+			}
+			for range 20 {
+				if v, err := c.Get(ctx, "k"); err != nil || v.ID != "new" {
+					t.Fatalf("after the write, Get = %+v, %v: the older read's value entered the near cache", v, err)
+				}
+			}
+		})
+	}
+}
+
+// waitNearMiss waits until the near cache can serve (a miss is fine).
+func waitNearMiss[T any](t *testing.T, c *packcache.Cache[T]) {
+	t.Helper()
+	ctx := ctxT(t)
+	c.Set(ctx, "near-ready", *new(T))
+	waitNear(t, c, "near-ready")
+}
+
+// TestNearMemoryBound: 1,000 distinct 128 KB values streamed through a
+// 16 MiB near cache: what it holds stays within the bound, and so does
+// what it adds to the heap, measured against the same stream through a
+// cache without a near cache.
+func TestNearMemoryBound(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	const maxBytes = 16 << 20
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	stream := func(c *packcache.Cache[[]byte], tag string) (peak uint64) {
+		c.Set(ctx, "mem:warm", jsonText(128<<10)) // the zstd encoder's tables, made on first use
+		c.Get(ctx, "mem:warm")
+		base := heap()
+		for i := range 1000 {
+			k := fmt.Sprintf("mem:%s:%d", tag, i)
+			v := append(jsonText(128<<10-16), fmt.Sprintf(`%16d`, i)...)
+			if err := c.Set(ctx, k, v); err != nil {
+				t.Fatal(err)
+			}
+			c.Get(ctx, k)
+			c.Get(ctx, k)
+			if i%50 == 49 {
+				h := heap()
+				peak = max(peak, h-min(base, h))
+			}
+		}
+		return peak
+	}
+	plain := mustNew[[]byte](t, rdb, packcache.WithShareWindow(0))
+	without := stream(plain, "plain")
+	c := mustNew[[]byte](t, rdb, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: maxBytes, TTL: time.Hour}), packcache.WithShareWindow(0))
+	waitNearMiss(t, c)
+	with := stream(c, "near")
+	st := c.Stats()
+	if st.NearHits < 500 {
+		t.Fatalf("only %d near hits: the near cache was not in use", st.NearHits)
+	}
+	t.Logf("1,000 values of 128 KiB through a 16 MiB near cache: it holds %.1f MiB (estimated); peak heap growth %.1f MiB, %.1f MiB without a near cache",
+		float64(st.NearBytes)/(1<<20), float64(with)/(1<<20), float64(without)/(1<<20))
+	if st.NearBytes > maxBytes {
+		t.Fatalf("the near cache holds %d bytes, over its %d", st.NearBytes, maxBytes)
+	}
+	if with > without+maxBytes+2<<20 {
+		t.Fatalf("the near cache added %.1f MiB to the heap, over its 16 MiB bound plus 2 MiB", float64(with-without)/(1<<20))
+	}
+}
+
+// TestNearSurge: 20,000 goroutines reading one hot key are answered by the
+// near cache: no Redis GET at all.
+func TestNearSurge(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts commands")
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb, nearOpts()...)
+	want := makeChannel(9, 128<<10)
+	c.Set(ctx, "hot", want)
+	waitNear(t, c, "hot")
+	s.ResetStats(t)
+	var wrong atomic.Int64
+	surge(20_000, func(int) {
+		if v, err := c.Get(ctx, "hot"); err != nil || v.ID != want.ID {
+			wrong.Add(1)
+		}
+	})
+	if wrong.Load() != 0 {
+		t.Fatalf("%d callers got a wrong value", wrong.Load())
+	}
+	// A loaded machine may starve the invalidation goroutine past MaxLag
+	// for a moment: the near cache then stops serving, as it must, and a
+	// few reads go to Redis.
+	gets, hits := s.CommandCount(t, "get"), c.Stats().NearHits
+	t.Logf("20,000 Gets of a hot key: %d near hits, %d Redis GETs", hits, gets)
+	if gets > 20 || hits < 19_000 {
+		t.Fatalf("a surge on a near-cached key: %d near hits, %d GETs", hits, gets)
+	}
+}
+
+// TestNearCloseStopsEverything: Close ends the invalidation connections and
+// the near cache's goroutines.
+func TestNearCloseStopsEverything(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		if cc, ok := tg.Client.(*redis.ClusterClient); ok {
+			// The client's node clients, and their goroutines, are the
+			// application's: make them before counting.
+			cc.ForEachMaster(ctxT(t), func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+		}
+		baseline := runtime.NumGoroutine()
+		c, err := packcache.New[Channel](tg.Client, nearOpts()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := ctxT(t)
+		c.Set(ctx, "near:close", Channel{ID: "x"})
+		waitNear(t, c, "near:close")
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := waitGoroutines(baseline, 3*time.Second); n > baseline {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after Close, %d before:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
+		}
+		var names []string
+		for _, line := range strings.Split(redisCLI(t, tg, "CLIENT", "LIST"), "\n") {
+			if strings.Contains(line, "packcache-invalidation") {
+				names = append(names, line)
+			}
+		}
+		if tg.Server != nil && len(names) != 0 {
+			t.Fatalf("invalidation connections left after Close: %v", names)
+		}
+	})
+}
