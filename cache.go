@@ -513,12 +513,34 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 	return c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
 }
 
-func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+// fast answers a Get from the near cache or from a read of the key still
+// shared, without locks: the path a surge's callers take. It is kept
+// small, apart from get, so that their goroutines' stacks need not grow.
+func (c *Cache[T]) fast(key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
 	if p.near != nil {
 		if e, ok := p.near.get(key); ok {
 			p.stats.nearHits.Add(1)
-			return c.deliver(key, p, result[T]{val: e.val, data: e.data, from: fromNear}, nil, false)
+			return result[T]{val: e.val, data: e.data, from: fromNear}, nil, true
 		}
+	}
+	if !c.coalesce {
+		return r, nil, false
+	}
+	g := &c.lookups
+	if readThrough {
+		g = &c.reads
+	}
+	cl, ok := g.lookHot(key, time.Now().UnixNano())
+	if !ok {
+		return r, nil, false
+	}
+	p.stats.coalescedWaits.Add(1)
+	return cl.val, cl.err, true
+}
+
+func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+	if r, err, ok := c.fast(key, p, ld != nil); ok {
+		return c.deliver(key, p, r, err, r.from != fromNear)
 	}
 	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {

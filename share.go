@@ -1,5 +1,7 @@
 package packcache
 
+import "sync/atomic"
+
 // share is a group's rule for who may share a piece of work, and the
 // results it keeps shared after the work ends.
 //
@@ -20,6 +22,37 @@ type share[V any] struct {
 	keep func(v V, err error) bool
 
 	held []heldCall[V] // finished calls still shared, in the order they finished
+
+	// hot holds, for each of a few buckets of keys, the call last held in
+	// it, so that a caller of a held key finds the result without the
+	// group's mutex: in a surge almost every caller comes after the read
+	// is done, and twenty thousand of them taking a mutex, and growing
+	// their stacks through the slow path, would cost more than the read.
+	hot [hotSlots]atomic.Pointer[call[V]]
+}
+
+const hotSlots = 64
+
+// slot returns key's hot slot. Keys are spread by FNV-1a: which keys
+// share a slot matters little, as a slot is checked against its key.
+func (s *share[V]) slot(key string) *atomic.Pointer[call[V]] {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return &s.hot[h%hotSlots]
+}
+
+// lookHot returns the held result of key if it is still shared at now,
+// without the group's mutex. A call is put in its slot once final (val
+// and err written, then the pointer stored), and taken out of it by
+// forget; a stale slot is told by its key and its window.
+func (s *share[V]) lookHot(key string, now int64) (*call[V], bool) {
+	c := s.slot(key).Load()
+	if c == nil || c.key != key || now >= c.began+s.window {
+		return nil, false
+	}
+	return c, true
 }
 
 type heldCall[V any] struct {
@@ -48,7 +81,18 @@ func (s *share[V]) hold(key string, c *call[V], now int64) bool {
 		return false
 	}
 	s.held = append(s.held, heldCall[V]{key, c})
+	c.key = key
+	s.slot(key).Store(c) // after val and err are final
 	return true
+}
+
+// cool takes key's call out of its hot slot, if it is there: a write
+// detaches it.
+func (s *share[V]) cool(key string) {
+	sl := s.slot(key)
+	if c := sl.Load(); c != nil && c.key == key {
+		sl.CompareAndSwap(c, nil)
+	}
 }
 
 // expire forgets held results whose window is over. Calls are held in the

@@ -57,6 +57,7 @@ type call[V any] struct {
 	val      V
 	err      error
 	began    int64    // unix nanoseconds the work began
+	key      string   // set when held in a hot slot (see share)
 	token    string   // for loads: the state the load began from; joins must match it
 	detached bool     // a write came after it began: no one may join it
 	prev     *call[V] // for loads: the call of the key under way when this one began
@@ -222,6 +223,7 @@ func (g *group[V, A]) claim(keys []string, tokens map[string]string) (own, other
 // forget makes later callers of key start new work rather than join work
 // under way or a held result, which may predate a write just made.
 func (g *group[V, A]) forget(key string) {
+	g.cool(key)
 	g.mu.Lock()
 	for c := g.m[key]; c != nil; c = c.prev {
 		c.detached = true
