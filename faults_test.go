@@ -286,13 +286,7 @@ func TestClusterMasterStopped(t *testing.T) {
 	// (CLUSTERDOWN) once the other masters agree the node failed; a
 	// deployment that wants partial availability turns that off, and that
 	// is the case where the cache must keep serving the healthy slots.
-	for _, n := range cl.Nodes() {
-		rc := n.Client(t)
-		if err := rc.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
-			t.Fatal(err)
-		}
-		rc.Close()
-	}
+	cl.AllowPartialCoverage(t)
 	rdb := cl.Client(t, func(o *redis.ClusterOptions) {
 		o.DialTimeout = 200 * time.Millisecond
 		o.ReadTimeout = 300 * time.Millisecond

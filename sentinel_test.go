@@ -2,16 +2,9 @@ package packcache_test
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"reflect"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,54 +17,8 @@ import (
 // redis-server in sentinel mode, started and stopped by this test.
 func TestSentinel(t *testing.T) {
 	master := redistest.Start(t)
-	redistest.RequireReal(t, master, "a sentinel process")
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not on PATH")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir := t.TempDir()
-	host, mport, _ := net.SplitHostPort(master.Addr())
-	conf := filepath.Join(dir, "sentinel.conf")
-	os.WriteFile(conf, []byte(fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nlogfile %s\nsentinel monitor packcache %s %s 1\n",
-		port, dir, filepath.Join(dir, "sentinel.log"), host, mport)), 0o644)
-	cmd := exec.Command(bin, conf, "--sentinel")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	saddr := fmt.Sprintf("127.0.0.1:%d", port)
+	saddr := redistest.StartSentinel(t, master, "packcache")
 	ctx := ctxT(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: saddr})
-		addr, err := sc.GetMasterAddrByName(ctx, "packcache").Result()
-		sc.Close()
-		if err == nil && len(addr) == 2 && addr[1] == mport {
-			break
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
-			t.Fatalf("sentinel never reported the master: %v\n%s", err, log)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
 		MasterName: "packcache", Addrs: []string{saddr}, ContextTimeoutEnabled: true,

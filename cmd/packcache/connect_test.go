@@ -4,15 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/redistest"
@@ -128,51 +122,7 @@ func TestURL(t *testing.T) {
 // returns its address once it reports the master.
 func startSentinel(t *testing.T, master *redistest.Server) string {
 	t.Helper()
-	redistest.RequireReal(t, master, "a sentinel process")
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not on PATH")
-	}
-	saddr := closedAddr(t)
-	_, port, _ := net.SplitHostPort(saddr)
-	host, mport, _ := net.SplitHostPort(master.Addr())
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "sentinel.conf")
-	err = os.WriteFile(conf, fmt.Appendf(nil, "port %s\nbind 127.0.0.1\nprotected-mode no\ndir %s\nlogfile %s\nsentinel monitor packcache %s %s 1\n",
-		port, dir, filepath.Join(dir, "sentinel.log"), host, mport), 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, conf, "--sentinel")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: saddr})
-		addr, err := sc.GetMasterAddrByName(context.Background(), "packcache").Result()
-		sc.Close()
-		if err == nil && len(addr) == 2 && addr[1] == mport {
-			return saddr
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
-			t.Fatalf("sentinel never reported the master: %v\n%s", err, log)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return redistest.StartSentinel(t, master, "packcache")
 }
 
 func TestSentinel(t *testing.T) {

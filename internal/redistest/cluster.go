@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -320,4 +321,19 @@ func (c *Cluster) flushAll() error {
 		}
 	}
 	return nil
+}
+
+// AllowPartialCoverage makes every node keep serving the slots it holds
+// when a master fails (cluster-require-full-coverage no): by default a
+// cluster that loses slots refuses every command once the others agree the
+// node failed, and tests of partial availability need the other case.
+func (c *Cluster) AllowPartialCoverage(tb testing.TB) {
+	tb.Helper()
+	for _, n := range c.nodes {
+		rc := n.Client(tb)
+		if err := rc.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			tb.Fatalf("redistest: CONFIG SET cluster-require-full-coverage: %v", err)
+		}
+		rc.Close()
+	}
 }
