@@ -109,6 +109,22 @@ func TestNearSeesWritesByAnyone(t *testing.T) {
 		waitNear(t, c, key)
 		other.Eval(ctx, `redis.call('SET', KEYS[1], ARGV[1])`, []string{key}, `{"id":"lua"}`)
 		seen("lua")
+		// Expiry: Redis tells the invalidation when it deletes the key.
+		set := time.Now()
+		other.Set(ctx, key, `{"id":"expiring"}`, 200*time.Millisecond)
+		seen("expiring")
+		waitNear(t, c, key)
+		for {
+			if _, err := c.Get(ctx, key); errors.Is(err, packcache.ErrMiss) {
+				break
+			}
+			if time.Since(set) > 5*time.Second {
+				t.Fatal("a key Redis expired is still served by the near cache after 5 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		t.Logf("a key set with a 200ms TTL was a miss %v after it was set (Redis deletes expired keys in a cycle)", time.Since(set))
+		other.Set(ctx, key, `{"id":"v1"}`, 0)
 
 		// The delivery latency, over many writes: from the write's return
 		// to the first Get that sees it.
