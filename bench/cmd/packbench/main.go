@@ -1,7 +1,9 @@
 // Command packbench measures packcache against hand-written go-redis code
 // and github.com/go-redis/cache: stored sizes per codec, compression
-// break-even, Set/Get cost, bulk load, Redis memory, request surges, and a
-// list of performance targets. Every suite prints a markdown table.
+// break-even, Set/Get cost, bulk load, Redis memory, request surges, the
+// near cache (Get throughput of a hot key, how soon another process's
+// write is seen, a surge), and a list of performance targets. Every suite
+// prints a markdown table.
 //
 // By default it starts its own redis-server on a free 127.0.0.1 port (no
 // persistence) and stops it on exit. With REDIS_ADDR it uses that server
@@ -54,7 +56,7 @@ type config struct {
 	netDelay time.Duration
 }
 
-var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "peers"}
+var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "near", "peers"}
 
 // env is what every suite runs against.
 type env struct {
@@ -311,6 +313,7 @@ func run(cfg config) int {
 		{"bulk", e.suiteBulk},
 		{"backlog", e.suiteBacklog},
 		{"surge", e.suiteSurge},
+		{"near", e.suiteNear},
 		{"peers", e.suitePeers},
 	} {
 		if !cfg.suites[s.name] {

@@ -177,6 +177,23 @@ func packcachePeer(e *env, name string, ch Channel, opts ...packcache.Option) (*
 	return p, nil
 }
 
+// surgeSubject makes p a subject of surges of read-through Gets of ch
+// (go-redis/cache's Once). Closing it is left to p's owner.
+func (p *peer) surgeSubject(ch Channel) *surgeSubject {
+	return &surgeSubject{
+		name: p.name,
+		prepare: func(ctx context.Context, key string, warm bool) error {
+			if warm {
+				return p.set(ctx, key, ch)
+			}
+			return p.del(ctx, key)
+		},
+		get:     p.through,
+		loads:   p.loads,
+		decodes: p.decodes,
+	}
+}
+
 // seqAcc accumulates one peer's sequential Set/Get samples.
 type seqAcc struct {
 	set, get   []float64
@@ -306,18 +323,7 @@ func (e *env) suitePeers(ctx context.Context) error {
 		if p.name == pPCNoWin {
 			continue
 		}
-		subjects = append(subjects, &surgeSubject{
-			name: p.name,
-			prepare: func(ctx context.Context, key string, warm bool) error {
-				if warm {
-					return p.set(ctx, key, ch)
-				}
-				return p.del(ctx, key)
-			},
-			get:     p.through,
-			loads:   p.loads,
-			decodes: p.decodes,
-		})
+		subjects = append(subjects, p.surgeSubject(ch))
 	}
 	subjects = append(subjects, noopSubject())
 	if err := e.surgeTable(ctx, subjects, res.surge); err != nil {

@@ -673,6 +673,10 @@ type surgeSubject struct {
 	loads   *atomic.Int64
 	decodes *atomic.Int64
 	close   func()
+
+	// nearHits, for packcache subjects, reads Stats().NearHits: Gets
+	// answered by the near cache (WithLocalCache).
+	nearHits func() uint64
 }
 
 func packcacheSubject(e *env, name string, ch Channel, opts ...packcache.Option) (*surgeSubject, error) {
@@ -701,6 +705,7 @@ func packcacheSubject(e *env, name string, ch Channel, opts ...packcache.Option)
 		return err
 	}
 	s.close = func() { c.Close() }
+	s.nearHits = func() uint64 { return c.Stats().NearHits }
 	return s, nil
 }
 
@@ -770,13 +775,29 @@ func (e *env) suiteSurge(ctx context.Context) error {
 		return err
 	}
 	defer noco.close()
+	near, err := nearSurgeSubject(e, nNear, ch)
+	if err != nil {
+		return err
+	}
+	defer near.close()
+	gc := goCachePeer(e, nGCOnce, false, ch).surgeSubject(ch)
 	note := "exact: own server"
 	if !e.own {
 		note = "approximate: shared server, other clients' commands included"
 	}
-	e.header("surge", fmt.Sprintf("%d goroutines released at once on one warm key (a %d-byte channel, packcache.Cache[Channel]) and on one cold key (loader sleeps %v). GETs/SETs: INFO commandstats delta (%s). Decodes: a counting JSON serializer. Peak heap growth: runtime/metrics /memory/classes/heap/objects:bytes (≈ HeapAlloc) sampled every 200 µs, minus its level after a GC just before the release (the process's own live data, such as zstd encoder tables of earlier suites, is the \"heap before\" column).",
-		e.cfg.surgeN, len(raw), loaderDelay, note))
-	return e.surgeTable(ctx, []*surgeSubject{def, noco, noopSubject()}, map[string]surgeResult{})
+	e.header("surge", fmt.Sprintf("%d goroutines released at once on one warm key (a %d-byte channel, packcache.Cache[Channel]) and on one cold key (loader sleeps %v). GETs/SETs: INFO commandstats delta (%s). Decodes: a counting JSON serializer. Peak heap growth: runtime/metrics /memory/classes/heap/objects:bytes (≈ HeapAlloc) sampled every 200 µs, minus its level after a GC just before the release (the process's own live data, such as zstd encoder tables of earlier suites, is the \"heap before\" column). "+
+		"%s is WithLocalCache(LocalCache{MaxBytes: %d << 20, TTL: %v}); warm, the near cache has served the key before the release; cold, it cannot help (a loaded value is stored, a write, and enters the near cache only when a Get reads it back). %s is go-redis/cache v9 (msgpack+s2) without a local cache.",
+		e.cfg.surgeN, len(raw), loaderDelay, note, nNear, nearLocal.MaxBytes>>20, nearLocal.TTL, nGCOnce))
+	out := map[string]surgeResult{}
+	if err := e.surgeTable(ctx, []*surgeSubject{def, near, noco, gc, noopSubject()}, out); err != nil {
+		return err
+	}
+	d, n, g := out[nDef+"/warm"], out[nNear+"/warm"], out[nGCOnce+"/warm"]
+	dc, nc, gc2 := out[nDef+"/cold"], out[nNear+"/cold"], out[nGCOnce+"/cold"]
+	fmt.Fprintf(e.out, "\ngo-redis/cache Once took, warm, %s as long as packcache default and %s as long as packcache with the near cache; cold, %s and %s.\n",
+		fmtRatio(float64(g.wall)/float64(d.wall)), fmtRatio(float64(g.wall)/float64(n.wall)), fmtRatio(float64(gc2.wall)/float64(dc.wall)), fmtRatio(float64(gc2.wall)/float64(nc.wall)))
+	e.printTargets("surge: targets", surgeTargets(ms(d.wall), ms(n.wall), ms(g.wall), n.gets, n.decodes))
+	return nil
 }
 
 var _ = math.Inf
