@@ -39,7 +39,7 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 		}
 		p := c.policy(k)
 		gets[i] = pipe.Get(rctx, k)
-		if p.refreshAfter > 0 || p.staleFor > 0 {
+		if p.needsPTTL() {
 			pttls[i] = pipe.PTTL(rctx, k)
 		}
 	}

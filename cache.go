@@ -93,6 +93,14 @@ type Cache[T any] struct {
 	nearOnce sync.Once
 }
 
+// needsPTTL reports whether a read of a key under p must learn the time the
+// value has to live: to tell a stale value or one due for refresh, and to
+// cap a near-cache entry's life by it (Redis tells of an expiry only when
+// it gets round to deleting the key).
+func (p *policy[T]) needsPTTL() bool {
+	return p.refreshAfter > 0 || p.staleFor > 0 || p.near != nil
+}
+
 // policy is a Policy resolved: every field set, in the form the cache
 // uses, with its counters.
 type policy[T any] struct {
@@ -192,12 +200,12 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	c.life.init()
 	var err error
 	if c.base, err = resolve[T]("", cfg.base); err != nil {
-		return nil, err
+		return nil, cfg.envErr("", err)
 	}
 	for _, prefix := range cfg.sortedPrefixes() {
 		p, err := resolve[T](prefix, cfg.prefixes[prefix].merge(cfg.base))
 		if err != nil {
-			return nil, err
+			return nil, cfg.envErr(prefix, err)
 		}
 		c.prefixes = append(c.prefixes, p)
 	}
@@ -248,7 +256,7 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 		return nil
 	}
 	c.marks.seed = maphash.MakeSeed()
-	inv, err := newInvalidator(rdb, tracked, minLag/4, c.invalidate, c.flushNear, func(err error) { c.report(context.Background(), "", err) })
+	inv, err := newInvalidator(rdb, tracked, minLag/4, c.invalidated, c.flushNear, func(err error) { c.report(context.Background(), "", err) })
 	if err != nil {
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
@@ -278,6 +286,18 @@ func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) 
 		}
 	}
 	p.near.put(key, t, j.r, j.r.size, ttl)
+}
+
+// invalidated is told by Redis that keys were written: it removes them from
+// the near caches and ends the share window of reads of them begun before,
+// so that a Get after the invalidation reads afresh, as after a write of
+// this process.
+func (c *Cache[T]) invalidated(keys []string) {
+	c.invalidate(keys)
+	for _, k := range keys {
+		c.lookups.forget(k)
+		c.reads.forget(k)
+	}
 }
 
 // invalidate removes keys from the near caches: they were written.
@@ -727,6 +747,7 @@ func (c *Cache[T]) Stats() Stats {
 	for _, n := range c.nears {
 		s.NearBytes += n.entries.WeightedSize()
 	}
+	s.NearServing = c.inv != nil && len(c.nears) > 0 && c.inv.serving(c.nears[0].lc.MaxLag)
 	return s
 }
 

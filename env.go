@@ -50,6 +50,14 @@ func WithEnv(namespace string) Option {
 	}
 }
 
+// envErr adds to an error in a policy the variables that changed it.
+func (cfg *config) envErr(prefix string, err error) error {
+	if vars := cfg.envSet[prefix]; len(vars) > 0 {
+		return fmt.Errorf("%w (with %s)", err, strings.Join(vars, ", "))
+	}
+	return err
+}
+
 // envName turns a prefix into the NAME of its variables.
 func envName(prefix string) string {
 	var b strings.Builder
@@ -85,25 +93,20 @@ func (cfg *config) applyEnv() error {
 		}
 		names[n] = prefix
 	}
-	// A variable for a prefix the code does not declare is a mistake
-	// worth failing on: the operator believes it changes something.
+	// A variable the operator believes changes something, but which does
+	// nothing, is a mistake worth failing on: a prefix the code does not
+	// declare, a field that does not exist, a misspelt name.
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		rest, ok := strings.CutPrefix(k, ns+"_PREFIX_")
-		if !ok {
-			continue
-		}
-		for _, f := range envFields {
-			if n, ok := strings.CutSuffix(rest, "_"+f); ok {
-				if _, known := names[n]; !known {
-					return fmt.Errorf("%s: no prefix of this cache is named %s (declared: %s)", k, n, strings.Join(slices.Sorted(mapKeys(names)), ", "))
-				}
-			}
+		if err := checkEnvName(ns, k, names); err != nil {
+			return err
 		}
 	}
+	cfg.envSet = map[string][]string{}
 	if err := overridePolicy(&cfg.base, cfg.base.Codec, ns+"_"); err != nil {
 		return err
 	}
+	cfg.envSet[""] = setVars(ns + "_")
 	for n, prefix := range names {
 		p := cfg.prefixes[prefix]
 		current := p.Codec
@@ -114,8 +117,61 @@ func (cfg *config) applyEnv() error {
 			return err
 		}
 		cfg.prefixes[prefix] = p
+		cfg.envSet[prefix] = append(setVars(ns+"_PREFIX_"+n+"_"), cfg.envSet[""]...)
 	}
 	return nil
+}
+
+// checkEnvName reports a variable under the namespace that would be
+// ignored though it looks meant for the cache. Variables of the namespace
+// that look like nothing of the cache's (PACKCACHE_REQUIRE_REDIS, say)
+// are left alone.
+func checkEnvName(ns, k string, names map[string]string) error {
+	rest, ok := strings.CutPrefix(k, ns+"_")
+	if !ok {
+		return nil
+	}
+	if p, ok := strings.CutPrefix(rest, "PREFIX_"); ok {
+		for _, f := range envFields {
+			if n, ok := strings.CutSuffix(p, "_"+f); ok {
+				if _, known := names[n]; !known {
+					return fmt.Errorf("%s: no prefix of this cache is named %s (declared: %s)", k, n, strings.Join(slices.Sorted(mapKeys(names)), ", "))
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("%s: not a variable of WithEnv: a prefix's variables end in _%s", k, strings.Join(envFields, ", _"))
+	}
+	if slices.Contains(envFields, rest) {
+		return nil
+	}
+	for _, f := range append(envFields, "PREFIX") {
+		if editDistance(rest, f) <= 2 || (len(rest) > len(f) && strings.HasPrefix(rest, f)) {
+			return fmt.Errorf("%s: not a variable of WithEnv; did you mean %s_%s?", k, ns, f)
+		}
+	}
+	return nil
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func mapKeys(m map[string]string) func(func(string) bool) {
@@ -174,6 +230,18 @@ func overridePolicy(p *Policy, current codec.Codec, pre string) error {
 		}
 	}
 	return nil
+}
+
+// setVars returns the variables among pre's fields that are set, as
+// NAME=value, for error messages.
+func setVars(pre string) []string {
+	var out []string
+	for _, f := range envFields {
+		if v, ok := os.LookupEnv(pre + f); ok {
+			out = append(out, pre+f+"="+v)
+		}
+	}
+	return out
 }
 
 var errUnknownCodec = errors.New("unknown codec")

@@ -680,7 +680,16 @@ type slowGetHook struct {
 
 func (h *slowGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *slowGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if cmd.Name() == "get" && h.armed.CompareAndSwap(true, false) {
+				time.Sleep(h.delay)
+				break
+			}
+		}
+		return err
+	}
 }
 func (h *slowGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -709,8 +718,10 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			hook.armed.Store(true)
 			first := make(chan error, 1)
 			go func() { _, err := c.Get(ctx, "k"); first <- err }()
-			for hook.armed.Load() { // the slow GET has been sent
-				time.Sleep(time.Millisecond)
+			for deadline := time.Now().Add(5 * time.Second); hook.armed.Load(); time.Sleep(time.Millisecond) { // the slow GET has been sent
+				if time.Now().After(deadline) {
+					t.Fatal("the GET never ran")
+				}
 			}
 			want := Channel{ID: "written"}
 			switch write {

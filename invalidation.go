@@ -42,6 +42,14 @@ type invalidator struct {
 	// masters' options are taken from its node clients).
 	base    *redis.Options
 	cluster *redis.ClusterClient
+	// failover is the application's client when it reaches its master
+	// through Sentinel: the listener checks, before each heartbeat, that
+	// it is connected to the server that client writes to.
+	failover *redis.Client
+
+	// epoch is the origin of the heartbeats' times: monotonic, so that a
+	// step of the wall clock cannot stretch or shrink MaxLag.
+	epoch time.Time
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -62,9 +70,15 @@ type listener struct {
 	// subscribed is set once the connection is subscribed with tracking
 	// on, after the near cache was emptied of what it might have missed;
 	// confirmed is when the latest heartbeat whose reply came back since
-	// was sent, in unix nanoseconds.
+	// was sent, in nanoseconds since the invalidator's epoch (0: none since
+	// it subscribed).
 	subscribed atomic.Bool
 	confirmed  atomic.Int64
+	failed     atomic.Bool // a failure was reported before it ever subscribed
+
+	// runID is the run_id of the server the connection reached, read when
+	// it connects, for the failover check.
+	runID atomic.Pointer[string]
 }
 
 const invalidationChannel = "__redis__:invalidate"
@@ -79,9 +93,13 @@ func newInvalidator(rdb redis.UniversalClient, prefixes []string, interval time.
 		flush:    flush,
 		report:   report,
 	}
+	inv.epoch = time.Now()
 	switch c := rdb.(type) {
 	case *redis.Client:
 		inv.base = c.Options()
+		if inv.base.Addr == "FailoverClient" { // go-redis's name for a Sentinel client's
+			inv.failover = c
+		}
 	case *redis.ClusterClient:
 		inv.cluster = c
 	default:
@@ -183,7 +201,8 @@ func (inv *invalidator) follow() {
 func (inv *invalidator) add(addr string, opt *redis.Options) {
 	o := *opt
 	userConnect := o.OnConnect
-	o.Protocol = 2 // invalidations as Pub/Sub messages: see invalidator
+	var lp atomic.Pointer[listener] // the listener, for OnConnect
+	o.Protocol = 2                  // invalidations as Pub/Sub messages: see invalidator
 	o.ClientName = "packcache-invalidation"
 	o.ContextTimeoutEnabled = true
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
@@ -207,10 +226,18 @@ func (inv *invalidator) add(addr string, opt *redis.Options) {
 		if err := cn.Do(ctx, args...).Err(); err != nil {
 			return fmt.Errorf("CLIENT TRACKING (near caches need Redis 6.0 or later): %w", err)
 		}
+		if inv.failover != nil {
+			id, err := runID(ctx, cn)
+			if err != nil {
+				return err
+			}
+			lp.Load().runID.Store(&id)
+		}
 		return nil
 	}
 	ctx, cancel := context.WithCancel(inv.ctx)
 	l := &listener{addr: addr, client: redis.NewClient(&o), stop: cancel}
+	lp.Store(l)
 	l.ps = l.client.Subscribe(ctx, invalidationChannel)
 	inv.mu.Lock()
 	inv.listeners[addr] = l
@@ -242,13 +269,16 @@ func (l *listener) close() {
 // listen applies l's invalidations and heartbeats until ctx ends.
 func (inv *invalidator) listen(ctx context.Context, l *listener) {
 	defer l.client.Close()
-	defer l.ps.Close()
+	defer func() { l.ps.Close() }() // l.ps may be replaced after a failover
 	var lastPing time.Time
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		if time.Since(lastPing) >= inv.interval {
 			lastPing = time.Now()
-			if err := l.ps.Ping(ctx, strconv.FormatInt(lastPing.UnixNano(), 10)); err != nil {
+			if inv.failover != nil && !inv.sameServer(ctx, l, &backoff) {
+				continue // no heartbeat: the proof lapses
+			}
+			if err := l.ps.Ping(ctx, strconv.FormatInt(int64(time.Since(inv.epoch)), 10)); err != nil {
 				inv.down(ctx, l, err, &backoff)
 				continue
 			}
@@ -293,13 +323,53 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 			if m.Kind == "subscribe" && m.Channel == invalidationChannel {
 				// (Re)subscribed with tracking on: whatever was written
 				// while the stream was down is unknown, so empty the near
-				// cache; serving resumes with the next heartbeat's reply.
+				// cache; serving resumes with the reply to a heartbeat sent
+				// from now on.
+				l.confirmed.Store(0)
 				inv.flush()
 				l.subscribed.Store(true)
 				lastPing = time.Time{}
 			}
 		}
 	}
+}
+
+// sameServer reports whether l is connected to the server the Sentinel
+// client writes to now. After a failover it is not: l is then treated as
+// down, and connected again, through Sentinel, to the new master.
+func (inv *invalidator) sameServer(ctx context.Context, l *listener, backoff *time.Duration) bool {
+	cctx, cancel := context.WithTimeout(ctx, inv.interval)
+	defer cancel()
+	want, err := runID(cctx, inv.failover)
+	if err != nil {
+		return false // unknown: send no heartbeat, so the proof lapses
+	}
+	if got := l.runID.Load(); got != nil && *got == want {
+		return true
+	}
+	if got := l.runID.Load(); got == nil {
+		return false // not connected yet
+	}
+	inv.down(ctx, l, fmt.Errorf("the master is now the server %s", want), backoff)
+	l.ps.Close()
+	l.ps = l.client.Subscribe(ctx, invalidationChannel)
+	return false
+}
+
+// runID returns the run_id of the server c reaches.
+func runID(ctx context.Context, c interface {
+	Info(ctx context.Context, section ...string) *redis.StringCmd
+}) (string, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", errors.New("no run_id in INFO server")
 }
 
 // down handles a failure of l's connection: the near cache stops serving
@@ -309,9 +379,14 @@ func (inv *invalidator) down(ctx context.Context, l *listener, err error, backof
 	if ctx.Err() != nil {
 		return
 	}
-	if l.subscribed.Swap(false) {
+	switch {
+	case l.subscribed.Swap(false):
 		inv.flush()
 		inv.report(fmt.Errorf("packcache: near cache: invalidation connection to %s lost, near cache emptied: %w", l.addrOr(), err))
+	case !l.failed.Swap(true):
+		// It never got going (Redis older than 6.0, or without CLIENT
+		// TRACKING, or an ACL that forbids it): say so once.
+		inv.report(fmt.Errorf("packcache: near cache: no invalidation connection to %s, so the near cache does not serve: %w", l.addrOr(), err))
 	}
 	t := time.NewTimer(*backoff)
 	select {
@@ -337,13 +412,45 @@ func (inv *invalidator) serving(maxLag time.Duration) bool {
 	if len(ls) == 0 {
 		return false
 	}
-	oldest := time.Now().UnixNano() - int64(maxLag)
+	oldest := int64(time.Since(inv.epoch) - maxLag)
 	for _, l := range ls {
-		if !l.subscribed.Load() || l.confirmed.Load() < oldest {
+		if !l.proven(oldest) {
 			return false
 		}
 	}
 	return true
+}
+
+func (l *listener) proven(oldest int64) bool {
+	c := l.confirmed.Load()
+	return l.subscribed.Load() && c != 0 && c >= oldest
+}
+
+// servingKey is serving, and, on a Cluster, that the master the client
+// maps key to has a proven listener: a value read from a master the
+// invalidator does not follow yet (a new one) must not enter the near
+// cache.
+func (inv *invalidator) servingKey(key string, maxLag time.Duration) bool {
+	if !inv.serving(maxLag) {
+		return false
+	}
+	if inv.cluster == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(inv.ctx, 50*time.Millisecond)
+	defer cancel()
+	m, err := inv.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return false
+	}
+	addr := m.Options().Addr
+	oldest := int64(time.Since(inv.epoch) - maxLag)
+	for _, l := range *inv.current.Load() {
+		if l.addr == addr {
+			return l.proven(oldest)
+		}
+	}
+	return false
 }
 
 // close stops every listener and waits for their goroutines.

@@ -161,7 +161,7 @@ func (n *near[T]) get(key string) (nearEntry[T], bool) {
 // taken (before the read that produced r was sent). size is the value's
 // serialized length; ttl, if positive, caps the entry's life.
 func (n *near[T]) put(key string, t ticket, r result[T], size int, ttl time.Duration) {
-	if n.inv == nil || !n.inv.serving(n.lc.MaxLag) || !n.marks.valid(key, t) {
+	if n.inv == nil || !n.inv.servingKey(key, n.lc.MaxLag) || !n.marks.valid(key, t) {
 		return
 	}
 	w := len(key) + size + entryOverhead

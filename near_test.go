@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -273,8 +274,10 @@ func TestNearNoOlderReadAfterWrite(t *testing.T) {
 			hook.armed.Store(true)
 			first := make(chan Channel, 1)
 			go func() { v, _ := c.Get(ctx, "k"); first <- v }()
-			for hook.armed.Load() { // the slow GET has run
-				time.Sleep(time.Millisecond)
+			for deadline := time.Now().Add(5 * time.Second); hook.armed.Load(); time.Sleep(time.Millisecond) { // the slow GET has run
+				if time.Now().After(deadline) {
+					t.Fatal("the GET never ran")
+				}
 			}
 			if writer == "this" {
 				c.Set(ctx, "k", Channel{ID: "new"})
@@ -418,4 +421,79 @@ func TestNearCloseStopsEverything(t *testing.T) {
 			t.Fatalf("invalidation connections left after Close: %v", names)
 		}
 	})
+}
+
+// TestNearInvalidationEndsShareWindow: Redis's invalidation of a key ends
+// the share window of reads of it begun before, as a write of this process
+// does: a Get after another process's write does not share a read from
+// before it, however long the window.
+func TestNearInvalidationEndsShareWindow(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		c := mustNew[Channel](t, tg.Client, nearOpts(packcache.WithShareWindow(time.Minute))...)
+		other := otherClient(t, tg)
+		key := "near:" + tg.Name + ":window"
+		c.Set(ctx, key, Channel{ID: "v0"})
+		waitNear(t, c, key) // a read of v0, shared for a minute
+		for i := 1; i <= 5; i++ {
+			want := fmt.Sprintf("v%d", i)
+			other.Set(ctx, key, fmt.Sprintf(`{"id":%q}`, want), 0)
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				v, err := c.Get(ctx, key)
+				if err == nil && v.ID == want {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("2 s after another process wrote %s, Get returns %+v, %v: a read from before the write is still shared", want, v, err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	})
+}
+
+// TestNearWithoutTracking: where Redis refuses CLIENT TRACKING (here an
+// ACL), the near cache never serves, Gets still work from Redis, and the
+// error handler is told why, once.
+func TestNearWithoutTracking(t *testing.T) {
+	s := redistest.Start(t, "--user", "notrack", "on", ">pw", "~*", "&*", "+@all", "-client|tracking")
+	redistest.RequireReal(t, s, "an ACL user")
+	rdb := s.Client(t, func(o *redis.Options) { o.Username, o.Password = "notrack", "pw" })
+	ctx := ctxT(t)
+	var mu sync.Mutex
+	var reported []string
+	c := mustNew[Channel](t, rdb, nearOpts(packcache.WithErrorHandler(func(_ context.Context, _ string, err error) {
+		mu.Lock()
+		reported = append(reported, err.Error())
+		mu.Unlock()
+	}))...)
+	c.Set(ctx, "k", Channel{ID: "x"})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(reported)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the error handler was not told that the near cache cannot start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 20 {
+		if v, err := c.Get(ctx, "k"); err != nil || v.ID != "x" {
+			t.Fatalf("Get without tracking: %+v, %v", v, err)
+		}
+	}
+	if st := c.Stats(); st.NearHits != 0 || st.NearServing {
+		t.Fatalf("near cache without tracking: %d hits, serving %v", st.NearHits, st.NearServing)
+	}
+	time.Sleep(2 * time.Second) // it keeps trying: it must not report every try
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) != 1 || !strings.Contains(reported[0], "does not serve") {
+		t.Fatalf("reported %d times: %q", len(reported), reported)
+	}
 }

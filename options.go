@@ -115,7 +115,8 @@ type config struct {
 	lockWait     time.Duration
 	breaker      breakerConfig
 	observer     Observer
-	envNamespace string // WithEnv: "" when unset
+	envNamespace string              // WithEnv: "" when unset
+	envSet       map[string][]string // WithEnv: the variables set, by prefix ("" for the base)
 }
 
 type breakerConfig struct {

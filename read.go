@@ -94,7 +94,7 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) (s strin
 	if !ok {
 		return "", left, circuitOpen("get", key)
 	}
-	if p.refreshAfter > 0 || p.staleFor > 0 {
+	if p.needsPTTL() {
 		pipe := c.rdb.Pipeline()
 		get := pipe.Get(rctx, key)
 		pttl := pipe.PTTL(rctx, key)

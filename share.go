@@ -77,7 +77,7 @@ func (s *share[V]) joinable(c *call[V], now int64) bool {
 // has any left and its result may be kept, and reports whether it does.
 // The group's mutex is held.
 func (s *share[V]) hold(key string, c *call[V], now int64) bool {
-	if s.window == 0 || c.token != "" || now >= c.began+s.window || s.keep == nil || !s.keep(c.val, c.err) {
+	if s.window == 0 || c.token != "" || c.detached || now >= c.began+s.window || s.keep == nil || !s.keep(c.val, c.err) {
 		return false
 	}
 	s.held = append(s.held, heldCall[V]{key, c})

@@ -223,13 +223,16 @@ func (g *group[V, A]) claim(keys []string, tokens map[string]string) (own, other
 // forget makes later callers of key start new work rather than join work
 // under way or a held result, which may predate a write just made.
 func (g *group[V, A]) forget(key string) {
-	g.cool(key)
 	g.mu.Lock()
 	for c := g.m[key]; c != nil; c = c.prev {
 		c.detached = true
 	}
 	delete(g.m, key)
 	g.mu.Unlock()
+	// After the mutex: a finish that held its call in the hot slot before
+	// this forget took the mutex put it there first, and no finish after it
+	// can (its call is no longer the key's).
+	g.cool(key)
 }
 
 type tokenKey struct{ key, token string }

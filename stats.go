@@ -13,6 +13,10 @@ type Stats struct {
 	// Prefixes holds the counters of each prefix configured with
 	// WithPrefix; keys under no configured prefix count under "".
 	Prefixes map[string]Counters
+
+	// NearServing reports whether the near cache (WithLocalCache) can
+	// serve now: its invalidation stream is up and proven within MaxLag.
+	NearServing bool
 }
 
 // Counters counts what a cache did since it was created.

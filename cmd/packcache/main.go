@@ -113,7 +113,7 @@ Connection flags go before the subcommand:
   packcache --sentinel-master mymaster --addr 10.0.0.1:26379 inspect channel:42
   packcache --url rediss://user@redis.example:6380/0 --cacert ca.pem advise --prefix report:
 
-inspect, stats and advise only read (SCAN, GET, GETRANGE, STRLEN, PTTL, TYPE,
+inspect, stats and advise only read (SCAN, GET, GETRANGE, STRLEN, PTTL, TYPE, INFO,
 MEMORY USAGE). recompress writes through a compare-and-set script.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -42,8 +42,10 @@ is left as the writer wrote it; SET ... KEEPTTL keeps each key's remaining TTL. 
 already stored as the policy would store them are left alone, and so are tombstones,
 leases, keys that are not strings, and values that cannot be decoded (listed).
 
-It prints its SCAN cursor as it goes (on a cluster one per master, host:port=cursor
-joined by commas); --cursor resumes from one. --rate limits the keys read per second.
+It prints its SCAN cursor as it goes, N@ID where ID names the server process (on a
+cluster one per master, host:port=N@ID joined by commas); --cursor resumes from one,
+on the same server processes only. --rate limits the values read (GET) per second;
+the scan, the size checks and the writes are not throttled.
 Codecs: none, lz4 (--level 0 fast, 1-9 HC; default 0), snappy, zstd (--level 1-22,
 default 1).`,
 		Args: cobra.NoArgs,

@@ -29,27 +29,39 @@ func matchPattern(prefix string) string {
 }
 
 // position is where the scan of one master is: the next SCAN cursor, or
-// done.
+// done. A SCAN cursor means something only to the server process that
+// returned it (it walks that process's hash table, salted with a seed of
+// its own): server is the short run_id of that process, and a cursor is
+// refused on any other, such as a replica promoted by a failover or the
+// same address restarted, where it would skip keys silently.
 type position struct {
-	next uint64
-	done bool
+	next   uint64
+	done   bool
+	server string
 }
 
 func (p position) String() string {
 	if p.done {
 		return "done"
 	}
-	return strconv.FormatUint(p.next, 10)
+	if p.server == "" { // not begun: 0, valid anywhere
+		return strconv.FormatUint(p.next, 10)
+	}
+	return strconv.FormatUint(p.next, 10) + "@" + p.server
 }
+
+// serverIDLen is how much of a run_id a cursor carries: enough to tell
+// server processes apart.
+const serverIDLen = 12
 
 // cursors is where a scan of every master is, by master name. A single
 // server (or a Sentinel's master) is the one name "". A master missing
 // from the map starts from the beginning.
 //
-// As text, a single server's cursor is the number SCAN returned, or
-// "done"; a cluster's is "host:port=cursor" for every master, sorted and
-// joined by commas, for example
-// "127.0.0.1:7000=1792,127.0.0.1:7001=done,127.0.0.1:7002=0".
+// As text, a single server's cursor is the number SCAN returned and the
+// server's id, "1792@8f0c9be1a2d3", or "done"; a cluster's is
+// "host:port=cursor" for every master, sorted and joined by commas, for
+// example "127.0.0.1:7000=1792@8f0c9be1a2d3,127.0.0.1:7001=done,...".
 type cursors map[string]position
 
 func (cs cursors) String() string {
@@ -76,7 +88,7 @@ func parseCursors(s string, masters []string) (cursors, error) {
 	if masters == nil {
 		p, err := parsePosition(s)
 		if err != nil {
-			return nil, usagef("--cursor %q: %v (a single server's cursor is a number or done)", s, err)
+			return nil, usagef("--cursor %q: %v (a single server's cursor is N@ID as printed, or done)", s, err)
 		}
 		return cursors{"": p}, nil
 	}
@@ -102,11 +114,40 @@ func parsePosition(s string) (position, error) {
 	if s == "done" {
 		return position{done: true}, nil
 	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return position{}, fmt.Errorf("not a SCAN cursor")
+	num, id, ok := strings.Cut(s, "@")
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err == nil && !ok && n == 0 {
+		return position{}, nil // the beginning, on any server
 	}
-	return position{next: n}, nil
+	if err != nil || !ok || len(id) != serverIDLen {
+		return position{}, fmt.Errorf("not a cursor as packcache prints it (N@ID: a SCAN cursor and the server's id)")
+	}
+	return position{next: n, server: id}, nil
+}
+
+// serverID returns the short run_id of the server process node reaches.
+func serverID(ctx context.Context, node *redis.Client) (string, error) {
+	info, err := node.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(line, "run_id:"); ok && len(strings.TrimSpace(v)) >= serverIDLen {
+			return strings.TrimSpace(v)[:serverIDLen], nil
+		}
+	}
+	return "", fmt.Errorf("no run_id in INFO server")
+}
+
+// errOtherServer reports a cursor taken on another server process.
+type errOtherServer struct{ name, want, got string }
+
+func (e errOtherServer) Error() string {
+	where := e.name
+	if where == "" {
+		where = "the server"
+	}
+	return fmt.Sprintf("--cursor was taken on server %s, but %s is now server %s (restarted, or failed over to a replica): a SCAN cursor means nothing to another server and would skip keys; run again without --cursor for it (recompress leaves values already rewritten alone)", e.want, where, e.got)
 }
 
 // scanner walks the keys matching a pattern on every master, from saved
@@ -158,6 +199,14 @@ func (s *scanner) run(ctx context.Context, page func(ctx context.Context, keys [
 		if p.done {
 			return nil
 		}
+		id, err := serverID(ctx, node)
+		if err != nil {
+			return scanErr(ctx, name, err)
+		}
+		if p.server != "" && p.server != id {
+			return usageError{errOtherServer{name, p.server, id}}
+		}
+		p.server = id
 		cur := p.next
 		for {
 			keys, next, err := node.Scan(ctx, cur, s.match, s.count).Result()
@@ -171,7 +220,7 @@ func (s *scanner) run(ctx context.Context, page func(ctx context.Context, keys [
 			}
 			cur = next
 			s.mu.Lock()
-			s.pos[name] = position{next: next, done: next == 0}
+			s.pos[name] = position{next: next, done: next == 0, server: id}
 			s.mu.Unlock()
 			if s.moved != nil {
 				s.moved()

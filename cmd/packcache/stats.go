@@ -30,7 +30,7 @@ decoding a sample of up to --sample values and scaling), Redis memory (MEMORY US
 the sample, scaled), the codec mix, the share stored plain, and the spread of the
 remaining TTLs. Without --prefix it groups keys by their leading segment up to ':'.
 
-It only reads: SCAN, STRLEN, GETRANGE, PTTL, GET and MEMORY USAGE.`,
+It only reads: SCAN, STRLEN, GETRANGE, PTTL, GET, MEMORY USAGE and INFO.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.sample < 0 || o.count <= 0 {
