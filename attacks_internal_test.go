@@ -29,6 +29,6 @@ func TestAdv2ForgetVsFinishHotSlot(t *testing.T) {
 	<-forgot
 
 	if hc, ok := g.lookHot("k", time.Now().UnixNano()); ok {
-		t.Fatalf("after forget returned, lookHot still serves the call read before the write (val %d, detached %v)", hc.val, hc.detached)
+		t.Fatalf("after forget returned, lookHot still serves the call read before the write (val %d, detached %v)", hc.val, hc.detached.Load())
 	}
 }

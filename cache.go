@@ -536,7 +536,7 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 // fast answers a Get from the near cache or from a read of the key still
 // shared, without locks: the path a surge's callers take. It is kept
 // small, apart from get, so that their goroutines' stacks need not grow.
-func (c *Cache[T]) fast(key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
+func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
 	if p.near != nil {
 		if e, ok := p.near.get(key); ok {
 			p.stats.nearHits.Add(1)
@@ -554,12 +554,22 @@ func (c *Cache[T]) fast(key string, p *policy[T], readThrough bool) (r result[T]
 	if !ok {
 		return r, nil, false
 	}
+	select {
+	case <-cl.done:
+	default:
+		// Under way: a loader waiting for its own key's read would wait
+		// for itself.
+		if err := c.reentrant(ctx, key); err != nil {
+			return r, err, true
+		}
+	}
 	p.stats.coalescedWaits.Add(1)
-	return cl.val, cl.err, true
+	r, err = wait(ctx, cl)
+	return r, err, true
 }
 
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
-	if r, err, ok := c.fast(key, p, ld != nil); ok {
+	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
 		return c.deliver(key, p, r, err, r.from != fromNear)
 	}
 	f := flight[T]{c: c, key: key, p: p, ld: ld}

@@ -23,11 +23,12 @@ type share[V any] struct {
 
 	held []heldCall[V] // finished calls still shared, in the order they finished
 
-	// hot holds, for each of a few buckets of keys, the call last held in
-	// it, so that a caller of a held key finds the result without the
-	// group's mutex: in a surge almost every caller comes after the read
-	// is done, and twenty thousand of them taking a mutex, and growing
-	// their stacks through the slow path, would cost more than the read.
+	// hot holds, for each of a few buckets of keys, the latest read of a
+	// key in it, under way or held, so that a caller finds it without the
+	// group's mutex: twenty thousand callers of a surge taking a mutex in
+	// turn, and growing their stacks through the slow path, would cost
+	// more than the read; while the read is under way its callers would
+	// contend for the mutex only to wait.
 	hot [hotSlots]atomic.Pointer[call[V]]
 }
 
@@ -43,13 +44,16 @@ func (s *share[V]) slot(key string) *atomic.Pointer[call[V]] {
 	return &s.hot[h%hotSlots]
 }
 
-// lookHot returns the held result of key if it is still shared at now,
-// without the group's mutex. A call is put in its slot once final (val
-// and err written, then the pointer stored), and taken out of it by
-// forget; a stale slot is told by its key and its window.
+// lookHot returns the read of key, under way or held, that a caller
+// arriving at now may share, without the group's mutex. A read is put in
+// its slot when it begins (its key, start and channel set first), left
+// there when it ends if its result may be kept, and taken out of it when
+// it ends otherwise or by forget; a slot is checked against its key and
+// window. The caller waits on the call's channel: closed once val and err
+// are final.
 func (s *share[V]) lookHot(key string, now int64) (*call[V], bool) {
 	c := s.slot(key).Load()
-	if c == nil || c.key != key || now >= c.began+s.window {
+	if c == nil || c.key != key || now >= c.began+s.window || c.detached.Load() {
 		return nil, false
 	}
 	return c, true
@@ -77,21 +81,21 @@ func (s *share[V]) joinable(c *call[V], now int64) bool {
 // has any left and its result may be kept, and reports whether it does.
 // The group's mutex is held.
 func (s *share[V]) hold(key string, c *call[V], now int64) bool {
-	if s.window == 0 || c.token != "" || c.detached || now >= c.began+s.window || s.keep == nil || !s.keep(c.val, c.err) {
+	if s.window == 0 || c.token != "" || c.detached.Load() || now >= c.began+s.window || s.keep == nil || !s.keep(c.val, c.err) {
+		s.cool(key, c)
 		return false
 	}
 	s.held = append(s.held, heldCall[V]{key, c})
-	c.key = key
-	s.slot(key).Store(c) // after val and err are final
 	return true
 }
 
-// cool takes key's call out of its hot slot, if it is there: a write
-// detaches it.
-func (s *share[V]) cool(key string) {
+// cool takes key's call out of its hot slot, if it is there (c, or any
+// call of key when c is nil): it ended with a result that is not kept, or
+// a write detached it.
+func (s *share[V]) cool(key string, c *call[V]) {
 	sl := s.slot(key)
-	if c := sl.Load(); c != nil && c.key == key {
-		sl.CompareAndSwap(c, nil)
+	if cur := sl.Load(); cur != nil && cur.key == key && (c == nil || cur == c) {
+		sl.CompareAndSwap(cur, nil)
 	}
 }
 

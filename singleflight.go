@@ -56,11 +56,11 @@ type call[V any] struct {
 	finished bool
 	val      V
 	err      error
-	began    int64    // unix nanoseconds the work began
-	key      string   // set when held in a hot slot (see share)
-	token    string   // for loads: the state the load began from; joins must match it
-	detached bool     // a write came after it began: no one may join it
-	prev     *call[V] // for loads: the call of the key under way when this one began
+	began    int64       // unix nanoseconds the work began
+	key      string      // set when held in a hot slot (see share)
+	token    string      // for loads: the state the load began from; joins must match it
+	detached atomic.Bool // a write came after it began: no one may join it
+	prev     *call[V]    // for loads: the call of the key under way when this one began
 
 	// sealed is set once a read's reply has arrived: with a share window
 	// of zero, only callers that come while the read itself is in flight
@@ -88,7 +88,7 @@ func (g *group[V, A]) acquire(key string, now int64, token string, leaderWaits b
 	var ok bool
 	if token != "" {
 		c, ok = g.byToken[tokenKey{key, token}]
-		ok = ok && !c.finished && !c.detached
+		ok = ok && !c.finished && !c.detached.Load()
 		if ok && token == unprovenToken {
 			// Nothing proves that no write came since it began: share it
 			// only within the window, as a read is.
@@ -100,6 +100,13 @@ func (g *group[V, A]) acquire(key string, now int64, token string, leaderWaits b
 	}
 	if !ok {
 		c = &call[V]{began: now, token: token}
+		if token == "" && g.window > 0 {
+			// A read that others may share: findable without the mutex
+			// (see share), with a channel to wait on made at once.
+			c.done = make(chan struct{})
+			c.key = key
+			g.slot(key).Store(c)
+		}
 		if token != "" {
 			if prev := g.m[key]; prev != nil && !prev.finished {
 				c.prev = prev
@@ -192,6 +199,8 @@ func (g *group[V, A]) finish(key string, c *call[V], v V, err error) bool {
 		if !g.hold(key, c, now) {
 			delete(g.m, key)
 		}
+	} else {
+		g.cool(key, c)
 	}
 	if c.done != nil {
 		close(c.done)
@@ -225,14 +234,13 @@ func (g *group[V, A]) claim(keys []string, tokens map[string]string) (own, other
 func (g *group[V, A]) forget(key string) {
 	g.mu.Lock()
 	for c := g.m[key]; c != nil; c = c.prev {
-		c.detached = true
+		c.detached.Store(true)
 	}
 	delete(g.m, key)
 	g.mu.Unlock()
-	// After the mutex: a finish that held its call in the hot slot before
-	// this forget took the mutex put it there first, and no finish after it
-	// can (its call is no longer the key's).
-	g.cool(key)
+	// After the mutex, and the calls are marked detached, which lookHot
+	// checks too.
+	g.cool(key, nil)
 }
 
 type tokenKey struct{ key, token string }
@@ -241,7 +249,7 @@ type tokenKey struct{ key, token string }
 func (g *group[V, A]) isDetached(c *call[V]) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return c.detached
+	return c.detached.Load()
 }
 
 // running returns the load of key under way with token, if any may be
@@ -250,7 +258,7 @@ func (g *group[V, A]) running(key, token string) *call[V] {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	c, ok := g.byToken[tokenKey{key, token}]
-	if !ok || c.finished || c.detached {
+	if !ok || c.finished || c.detached.Load() {
 		return nil
 	}
 	if c.done == nil {
