@@ -29,7 +29,7 @@ const fuzzLimit = 1 << 20
 //
 // The seed corpus in testdata/fuzz/FuzzGet holds the codec package's golden
 // values (added here too when codec/testdata/golden exists), a tombstone,
-// gzip streams and hostile values.
+// a lease, gzip streams and hostile values.
 func FuzzGet(f *testing.F) {
 	if golden, _ := filepath.Glob(filepath.Join("codec", "testdata", "golden", "*.bin")); len(golden) > 0 {
 		for _, name := range golden {
@@ -39,6 +39,7 @@ func FuzzGet(f *testing.F) {
 		}
 	}
 	f.Add([]byte{codec.HeaderTombstone})
+	f.Add([]byte{codec.HeaderLease, 'x'})
 	f.Add([]byte(`{"id":"c","title":"t","messages":[]}`))
 
 	s := redistest.Start(f)
@@ -73,6 +74,14 @@ func FuzzGet(f *testing.F) {
 		if len(value) == 1 && value[0] == codec.HeaderTombstone {
 			if !errors.Is(errB, packcache.ErrNotFound) || !errors.Is(errC, packcache.ErrNotFound) {
 				t.Fatalf("tombstone: %v / %v, want ErrNotFound", errB, errC)
+			}
+			return
+		}
+		// A value beginning with the lease byte is a load in progress
+		// (FORMAT.md section 2.2), whatever follows: a miss, never data.
+		if len(value) > 0 && value[0] == codec.HeaderLease {
+			if !errors.Is(errB, packcache.ErrMiss) || !errors.Is(errC, packcache.ErrMiss) {
+				t.Fatalf("lease: %v / %v, want ErrMiss", errB, errC)
 			}
 			return
 		}
