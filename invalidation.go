@@ -266,6 +266,10 @@ func (l *listener) close() {
 	l.subscribed.Store(false)
 }
 
+// receiveSlice is the longest a listener waits for a message before it
+// looks at its context again: how long Close may wait for it.
+const receiveSlice = 100 * time.Millisecond
+
 // listen applies l's invalidations and heartbeats until ctx ends.
 func (inv *invalidator) listen(ctx context.Context, l *listener) {
 	defer l.client.Close()
@@ -283,7 +287,10 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 				continue
 			}
 		}
-		msg, err := l.ps.ReceiveTimeout(ctx, inv.interval)
+		// go-redis bounds a receive by its timeout only, not by ctx: wait
+		// in slices short enough that Close does not wait for a heartbeat
+		// interval (MaxLag/4, which may be seconds).
+		msg, err := l.ps.ReceiveTimeout(ctx, min(inv.interval, receiveSlice))
 		if err != nil {
 			var ne net.Error
 			switch {
