@@ -344,7 +344,9 @@ func TestNearMemoryBound(t *testing.T) {
 	waitNearMiss(t, c)
 	with := stream(c, "near")
 	st := c.Stats()
-	if st.NearHits < 500 {
+	// At most 1,000 (the second Get of each key); a loaded machine can
+	// delay a heartbeat's proof past MaxLag and send some Gets to Redis.
+	if st.NearHits < 300 {
 		t.Fatalf("only %d near hits: the near cache was not in use", st.NearHits)
 	}
 	t.Logf("1,000 values of 128 KiB through a 16 MiB near cache: it holds %.1f MiB (estimated); peak heap growth %.1f MiB, %.1f MiB without a near cache",
