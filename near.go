@@ -116,7 +116,7 @@ func WithLocalCache(lc LocalCache) Option {
 type near[T any] struct {
 	lc      LocalCache
 	entries *otter.Cache[string, nearEntry[T]]
-	inv     *invalidator // the invalidation stream, shared by the cache's near caches
+	inv     *invalidator // the invalidation stream, shared by the cache's near caches; set by New before any call
 	marks   *marks       // the cache's write marks, which tickets are checked against
 }
 
@@ -148,9 +148,6 @@ func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
 
 // get returns key's entry if the near cache may serve it now.
 func (n *near[T]) get(key string) (nearEntry[T], bool) {
-	if n.inv == nil {
-		return nearEntry[T]{}, false
-	}
 	if !n.inv.serving(n.lc.MaxLag) {
 		return nearEntry[T]{}, false
 	}
@@ -161,7 +158,7 @@ func (n *near[T]) get(key string) (nearEntry[T], bool) {
 // taken (before the read that produced r was sent). size is the value's
 // serialized length; ttl, if positive, caps the entry's life.
 func (n *near[T]) put(key string, t ticket, r result[T], size int, ttl time.Duration) {
-	if n.inv == nil || !n.inv.servingKey(key, n.lc.MaxLag) || !n.marks.valid(key, t) {
+	if !n.inv.servingKey(key, n.lc.MaxLag) || !n.marks.valid(key, t) {
 		return
 	}
 	w := len(key) + size + entryOverhead
