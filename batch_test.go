@@ -180,3 +180,44 @@ func TestOneJudgementForAllCalls(t *testing.T) {
 		}
 	})
 }
+
+// TestStrictStoreFailureAllCalls: a loaded value that Redis fails to store
+// (here: the server stops during the load) is an error with
+// WithStrictRedis and the value without it, for GetOrLoad and
+// GetOrLoadMany alike.
+func TestStrictStoreFailureAllCalls(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "stops the server mid-load")
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	load := func(ctx context.Context) (Channel, error) {
+		s.Pause(t) // after the lease: the store is what fails
+		return Channel{ID: "loaded"}, nil
+	}
+	for _, strict := range []bool{false, true} {
+		opts := []packcache.Option{packcache.WithRedisTimeout(200 * time.Millisecond), packcache.WithCircuitBreaker(1000, time.Second)}
+		if strict {
+			opts = append(opts, packcache.WithStrictRedis())
+		}
+		c := mustNew[Channel](t, rdb, opts...)
+		check := func(call string, v Channel, err error) {
+			t.Helper()
+			s.Resume(t)
+			if strict && !errors.Is(err, packcache.ErrRedis) {
+				t.Errorf("strict %s: %+v, %v; want ErrRedis", call, v, err)
+			}
+			if !strict && (err != nil || v.ID != "loaded") {
+				t.Errorf("%s: %+v, %v; want the loaded value", call, v, err)
+			}
+		}
+		key := fmt.Sprintf("strict-%v:one", strict)
+		v, err := c.GetOrLoad(ctx, key, load)
+		check("GetOrLoad", v, err)
+		key = fmt.Sprintf("strict-%v:many", strict)
+		m, err := c.GetOrLoadMany(ctx, []string{key}, func(ctx context.Context, keys []string) (map[string]Channel, error) {
+			v, err := load(ctx)
+			return map[string]Channel{keys[0]: v}, err
+		})
+		check("GetOrLoadMany", m[key], err)
+	}
+}

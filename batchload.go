@@ -190,8 +190,16 @@ func (b *batchLoad[T]) run(ctx context.Context, keys []string) {
 		e.detach()
 		writes = append(writes, pendingWrite{key: k, g: g, stored: e.stored, ttl: c.expiry(p, p.ttl), enc: e})
 	}
-	for _, k := range c.storeMany(sctx, writes) {
+	wrote, failed := c.storeMany(sctx, writes)
+	for _, k := range wrote {
 		b.stored[k] = true
+	}
+	// As for one key: with WithStrictRedis a value that could not be
+	// stored is an error, not a value (failed holds only Redis failures).
+	if c.strict {
+		for k, err := range failed {
+			b.results[k], b.errs[k] = result[T]{}, err
+		}
 	}
 }
 
@@ -384,10 +392,11 @@ type pendingWrite struct {
 }
 
 // storeMany makes guarded writes in one pipeline, and returns the keys it
-// wrote.
-func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) []string {
+// wrote and the errors of those Redis failed (or whose breaker is open),
+// which are also reported.
+func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) (wrote []string, failed map[string]error) {
 	if len(writes) == 0 {
-		return nil
+		return nil, nil
 	}
 	keys := make([]string, len(writes))
 	for i, w := range writes {
@@ -407,11 +416,17 @@ func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) []strin
 		w := writes[i]
 		return storeScript.Eval(rctx, p, []string{w.key}, storeArgs(w.g, w.stored, w.ttl)...)
 	})
-	var wrote []string
+	fail := func(key string, err error) {
+		if failed == nil {
+			failed = make(map[string]error)
+		}
+		failed[key] = err
+		c.report(ctx, key, err)
+	}
 	for i, w := range writes {
 		p := c.policy(w.key)
 		if cmds[i] == nil {
-			c.report(ctx, w.key, circuitOpen("set", w.key))
+			fail(w.key, circuitOpen("set", w.key))
 			continue
 		}
 		n, err := cmds[i].Int()
@@ -419,7 +434,7 @@ func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) []strin
 		switch {
 		case err != nil:
 			c.redisFailed(p, nb.of[i], err)
-			c.report(ctx, w.key, keyErr("set", w.key, redisErr(err)))
+			fail(w.key, keyErr("set", w.key, redisErr(err)))
 		case n == 0:
 			p.stats.superseded.Add(1)
 		default:
@@ -429,7 +444,7 @@ func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) []strin
 		}
 	}
 	nb.feed()
-	return wrote
+	return wrote, failed
 }
 
 // releaseMany releases the leases guards hold for keys, in one pipeline.
@@ -439,16 +454,32 @@ func (c *Cache[T]) releaseMany(ctx context.Context, keys []string, guards map[st
 	}
 	rctx, cancel := c.budget(ctx)
 	defer cancel()
+	nb := c.batchNodes(rctx, keys)
 	pipe := c.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = releaseScript.EvalSha(rctx, pipe, []string{k}, guards[k].value)
+		if nb.allowed(i) { // else it expires by itself
+			cmds[i] = releaseScript.EvalSha(rctx, pipe, []string{k}, guards[k].value)
+		}
 	}
 	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
 		k := keys[i]
 		return releaseScript.Eval(rctx, p, []string{k}, guards[k].value)
 	})
-	// A lease not released expires by itself; failures are not reported.
+	// As release does for one key: the breakers learn of the nodes'
+	// failures, which are reported; a lease not released expires by itself.
+	for i, k := range keys {
+		if cmds[i] == nil {
+			continue
+		}
+		err := cmds[i].Err()
+		nb.saw(i, judgeRedis(ctx, err))
+		if err != nil {
+			c.redisFailed(c.policy(k), nb.of[i], err)
+			c.report(ctx, k, keyErr("lease", k, redisErr(err)))
+		}
+	}
+	nb.feed()
 }
 
 // execScripts runs a pipeline of EVALSHA commands and sends again, with
