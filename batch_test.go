@@ -221,3 +221,42 @@ func TestStrictStoreFailureAllCalls(t *testing.T) {
 		check("GetOrLoadMany", m[key], err)
 	}
 }
+
+// countingJSON is packcache.JSON counting its Marshal calls.
+type countingJSON struct{ marshals atomic.Int64 }
+
+func (s *countingJSON) Marshal(dst []byte, v any) ([]byte, error) {
+	s.marshals.Add(1)
+	return packcache.JSON.Marshal(dst, v)
+}
+func (s *countingJSON) Unmarshal(data []byte, v any) error { return packcache.JSON.Unmarshal(data, v) }
+func (s *countingJSON) Text() bool                         { return true }
+
+// TestLoadedValueMarshalledOnce: a loaded value is serialized once, for its
+// store and for callers that decode their own copy, by GetOrLoad and
+// GetOrLoadMany alike.
+func TestLoadedValueMarshalledOnce(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	ser := &countingJSON{}
+	c := mustNew[Channel](t, rdb, packcache.WithSerializer(ser), packcache.WithDecodePerCaller())
+	if v, err := c.GetOrLoad(ctx, "once:one", func(context.Context) (Channel, error) { return Channel{ID: "one"}, nil }); err != nil || v.ID != "one" {
+		t.Fatal(v, err)
+	}
+	if n := ser.marshals.Swap(0); n != 1 {
+		t.Errorf("GetOrLoad of one key: %d marshals, want 1", n)
+	}
+	m, err := c.GetOrLoadMany(ctx, []string{"once:a", "once:b"}, func(ctx context.Context, keys []string) (map[string]Channel, error) {
+		out := map[string]Channel{}
+		for _, k := range keys {
+			out[k] = Channel{ID: k}
+		}
+		return out, nil
+	})
+	if err != nil || m["once:a"].ID != "once:a" || m["once:b"].ID != "once:b" {
+		t.Fatal(m, err)
+	}
+	if n := ser.marshals.Load(); n != 2 {
+		t.Errorf("GetOrLoadMany of two keys: %d marshals, want 2", n)
+	}
+}

@@ -1,6 +1,7 @@
 package packcache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -170,23 +171,29 @@ func (b *batchLoad[T]) run(ctx context.Context, keys []string) {
 			continue
 		}
 		r := result[T]{val: v, from: fromLoader}
-		if c.perCaller {
-			data, merr := c.marshal(nil, v)
-			if merr != nil {
-				b.errs[k] = keyErr("load", k, merr)
-				continue
-			}
-			r.data = data
-		}
-		b.results[k], b.errs[k] = r, nil
 		if g.kind == guardNone || noStore {
+			if c.perCaller {
+				data, merr := c.marshal(nil, v)
+				if merr != nil {
+					b.errs[k] = keyErr("load", k, merr)
+					continue
+				}
+				r.data = data
+			}
+			b.results[k], b.errs[k] = r, nil
 			continue
 		}
+		// Serialized once, for the store and (as storeLoaded does) for
+		// the callers that decode their own copy.
 		e, eerr := c.encode(ctx, k, p, v)
 		if eerr != nil {
 			b.errs[k] = eerr
 			continue
 		}
+		if c.perCaller {
+			r.data = bytes.Clone(e.payload)
+		}
+		b.results[k], b.errs[k] = r, nil
 		e.detach()
 		writes = append(writes, pendingWrite{key: k, g: g, stored: e.stored, ttl: c.expiry(p, p.ttl), enc: e})
 	}
