@@ -32,6 +32,22 @@ func TestAdv2EnvTypos(t *testing.T) {
 	}
 }
 
+// TestEnvNotTypos: variables of the same namespace that are no typo of a
+// WithEnv name, such as an application's own PACKCACHE_TLS, do not fail New.
+func TestEnvNotTypos(t *testing.T) {
+	_, rdb := single(t)
+	for _, k := range []string{"PACKCACHE_TLS", "PACKCACHE_URL", "PACKCACHE_MODE", "PACKCACHE_ADDR", "PACKCACHE_DEBUG"} {
+		t.Run(k, func(t *testing.T) {
+			t.Setenv(k, "1")
+			c, err := packcache.New[Channel](rdb, packcache.WithEnv(""))
+			if err != nil {
+				t.Fatalf("%s set: New: %v", k, err)
+			}
+			c.Close()
+		})
+	}
+}
+
 func TestAdv2EnvTTLConflictNamesVariable(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := s.Universal(t)

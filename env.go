@@ -146,7 +146,13 @@ func checkEnvName(ns, k string, names map[string]string) error {
 		return nil
 	}
 	for _, f := range append(envFields, "PREFIX") {
-		if editDistance(rest, f) <= 2 || (len(rest) > len(f) && strings.HasPrefix(rest, f)) {
+		// Two edits turn TTL into TLS or URL and CODEC into MODE, names an
+		// application may well use for itself: short fields allow one.
+		maxEdits := 2
+		if len(f) <= 5 {
+			maxEdits = 1
+		}
+		if editDistance(rest, f) <= maxEdits || (len(rest) > len(f) && strings.HasPrefix(rest, f)) {
 			return fmt.Errorf("%s: not a variable of WithEnv; did you mean %s_%s?", k, ns, f)
 		}
 	}
