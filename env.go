@@ -33,8 +33,12 @@ import (
 //
 // A LEVEL without a CODEC applies to the codec the code chose. A value
 // that is not valid, a level for a codec without levels, a variable naming
-// a prefix the code does not declare, and two prefixes with the same NAME
-// all fail New with an error naming the variable. Variables are
+// a prefix the code does not declare, a near miss of a variable's name
+// (PACKCACHE_TLL, PACKCACHE_CODECS; within one edit for names of up to
+// five letters, two for longer ones), and two prefixes with the same NAME
+// all fail New with an error naming the variable. Other variables of the
+// namespace, such as an application's own PACKCACHE_TLS, are left alone.
+// Variables are
 // overrides: what they do not set keeps the code's setting. `packcache
 // advise` prints the variables for its recommendation.
 func WithEnv(namespace string) Option {
