@@ -16,6 +16,7 @@ import (
 // active expiry take a long time to reach any one expired key.
 func TestAdv2ExpiredServedRealistic(t *testing.T) {
 	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
 	ctx := ctxT(t)
 	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	for b := 0; b < 200; b++ {

@@ -19,6 +19,7 @@ func advNear(lag time.Duration, opts ...packcache.Option) []packcache.Option {
 // Expiry: a key whose TTL passed is a miss for Redis GET; is it for the near cache?
 func TestAdv2ExpiredServed(t *testing.T) {
 	s := redistest.Start(t, "--enable-debug-command", "yes")
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
 	ctx := ctxT(t)
 	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	c := mustNew[Channel](t, rdb, advNear(200*time.Millisecond)...)
@@ -41,6 +42,7 @@ func TestAdv2ExpiredServed(t *testing.T) {
 // Keyspace ops onto a key: RENAME, COPY REPLACE, MOVE, RESTORE REPLACE, SORT STORE...
 func TestAdv2KeyspaceOps(t *testing.T) {
 	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
 	ctx := ctxT(t)
 	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	other := s.Client(t)
@@ -85,6 +87,7 @@ func TestAdv2KeyspaceOps(t *testing.T) {
 // A cache on DB 1: are writes in DB 1 seen?
 func TestAdv2NonZeroDB(t *testing.T) {
 	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
 	ctx := ctxT(t)
 	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true; o.DB = 1 })
 	other := s.Client(t, func(o *redis.Options) { o.DB = 1 })

@@ -43,7 +43,8 @@ func rawState(t testing.TB, rdb redis.UniversalClient, key string) string {
 // over a Set that wrote the very same bytes A after it began (ABA).
 
 func TestAdvRefreshOverwritesIdenticalSet(t *testing.T) {
-	_, rdb := single(t)
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var calls atomic.Int64
@@ -83,7 +84,8 @@ func TestAdvRefreshOverwritesIdenticalSet(t *testing.T) {
 
 // Same, with Delete and a later load that stores the same bytes again.
 func TestAdvRefreshOverwritesDeleteThenReload(t *testing.T) {
-	_, rdb := single(t)
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var calls atomic.Int64
@@ -193,7 +195,8 @@ func TestAdvSlowLoaderIgnoringContext(t *testing.T) {
 // error, not the stale value.
 
 func TestAdvStaleCallerJoinsFailingRefresh(t *testing.T) {
-	_, rdb := single(t)
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var calls atomic.Int64
@@ -396,6 +399,7 @@ func TestAdvTwoBatchesDeadlockCluster(t *testing.T) {
 
 func TestAdvBreakerCountsCallerDeadline(t *testing.T) {
 	s, rdb := single(t)
+	redistest.RequireReal(t, s, "CLIENT PAUSE")
 	admin := s.Client(t)
 	c := mustNew[string](t, rdb, packcache.WithCircuitBreaker(1, time.Minute), packcache.WithCoalescing(false))
 	ops := map[string]func(ctx context.Context) error{
@@ -738,7 +742,8 @@ func stormOnce(t *testing.T, tg redistest.Target, mode string) {
 // fail with ErrClosed.
 
 func TestAdvCloseRacingEverything(t *testing.T) {
-	_, rdb := single(t)
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts goroutines, and an embedded miniredis's own would count")
 	rdb.Ping(context.Background())
 	for round := range 40 {
 		ignore := goleak.IgnoreCurrent()
@@ -975,6 +980,9 @@ func TestAdvReentrantEverywhere(t *testing.T) {
 // racing Delete; WithLock takeover racing Set.
 func TestAdvBatchRacingWrites(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Server != nil {
+			redistest.RequireReal(t, tg.Server, "needs TTLs to run down in real time")
+		}
 		ctx := ctxT(t)
 		c := mustNew[string](t, tg.Client)
 		entered, release := make(chan struct{}), make(chan struct{})
@@ -1012,7 +1020,8 @@ func TestAdvBatchRacingWrites(t *testing.T) {
 }
 
 func TestAdvStaleReloadRacingDelete(t *testing.T) {
-	_, rdb := single(t)
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
 )
 
 // TestCloseDuringTraffic: Close, called three times at once while fifty
@@ -19,6 +20,7 @@ import (
 // returned, every call fails with ErrClosed; and no goroutine of the
 // cache's is left.
 func TestCloseDuringTraffic(t *testing.T) {
+	redistest.RequireServer(t, "waits on timings and goroutine counts an embedded miniredis would change")
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	baseline := runtime.NumGoroutine()
@@ -120,6 +122,7 @@ func TestCloseDuringTraffic(t *testing.T) {
 // background refresh, go on after Close begins; Close returns once they
 // have ended, and their values are stored.
 func TestCloseWaitsForBackgroundWork(t *testing.T) {
+	redistest.RequireServer(t, "waits on timings and goroutine counts an embedded miniredis would change")
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var slow atomic.Bool
@@ -167,6 +170,7 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 // its goroutine, but not Close: Close returns after about the load timeout
 // plus the Redis budget and says what is still running.
 func TestCloseBoundedByLoadTimeout(t *testing.T) {
+	redistest.RequireServer(t, "waits on timings and goroutine counts an embedded miniredis would change")
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	done := make(chan struct{})

@@ -74,6 +74,7 @@ func redisCLI(t *testing.T, tg redistest.Target, args ...string) string {
 // next Get, within the invalidation's delivery; the latency of many writes
 // is measured.
 func TestNearSeesWritesByAnyone(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		// No share window: a Get after a write shares no read begun
@@ -158,6 +159,7 @@ func TestNearSeesWritesByAnyone(t *testing.T) {
 // TestNearOwnWritesAtOnce: this process's Set, SetMany and Delete remove
 // the entry before they return: the next Get never sees the old value.
 func TestNearOwnWritesAtOnce(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		c := mustNew[Channel](t, tg.Client, nearOpts()...)
@@ -189,6 +191,7 @@ func TestNearOwnWritesAtOnce(t *testing.T) {
 // write made while it was down is seen, and once it reconnects it serves
 // again.
 func TestNearKilledConnection(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		var errs atomic.Int64
@@ -235,6 +238,7 @@ func TestNearKilledConnection(t *testing.T) {
 // back, and the near cache stops serving within MaxLag: a Get goes to
 // Redis (and to the loader) rather than trust what it cannot prove fresh.
 func TestNearStalledRedis(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "pauses the server")
 	rdb := s.Client(t)
@@ -259,6 +263,7 @@ func TestNearStalledRedis(t *testing.T) {
 // whose reply arrives after it, does not put its old value in the near
 // cache: for this process's write and for another's.
 func TestNearNoOlderReadAfterWrite(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	for _, writer := range []string{"this", "other"} {
 		t.Run(writer, func(t *testing.T) {
 			s := redistest.Start(t)
@@ -310,6 +315,7 @@ func waitNearMiss[T any](t *testing.T, c *packcache.Cache[T]) {
 // what it adds to the heap, measured against the same stream through a
 // cache without a near cache.
 func TestNearMemoryBound(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	const maxBytes = 16 << 20
@@ -340,12 +346,13 @@ func TestNearMemoryBound(t *testing.T) {
 	}
 	plain := mustNew[[]byte](t, rdb, packcache.WithShareWindow(0))
 	without := stream(plain, "plain")
-	c := mustNew[[]byte](t, rdb, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: maxBytes, TTL: time.Hour}), packcache.WithShareWindow(0))
+	c := mustNew[[]byte](t, rdb, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: maxBytes, TTL: time.Hour, MaxLag: 10 * time.Second}), packcache.WithShareWindow(0))
 	waitNearMiss(t, c)
 	with := stream(c, "near")
 	st := c.Stats()
-	// At most 1,000 (the second Get of each key); a loaded machine can
-	// delay a heartbeat's proof past MaxLag and send some Gets to Redis.
+	// At most 1,000 (the second Get of each key). This test is about
+	// memory: its MaxLag is long, so that a loaded machine delaying
+	// heartbeats does not stop the near cache serving and filling.
 	if st.NearHits < 300 {
 		t.Fatalf("only %d near hits: the near cache was not in use", st.NearHits)
 	}
@@ -362,6 +369,7 @@ func TestNearMemoryBound(t *testing.T) {
 // TestNearSurge: 20,000 goroutines reading one hot key are answered by the
 // near cache: no Redis GET at all.
 func TestNearSurge(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "counts commands")
 	ctx := ctxT(t)
@@ -392,6 +400,7 @@ func TestNearSurge(t *testing.T) {
 // TestNearCloseStopsEverything: Close ends the invalidation connections and
 // the near cache's goroutines.
 func TestNearCloseStopsEverything(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		if cc, ok := tg.Client.(*redis.ClusterClient); ok {
 			// The client's node clients, and their goroutines, are the
@@ -428,6 +437,7 @@ func TestNearCloseStopsEverything(t *testing.T) {
 // TestNearClosePromptWithLongMaxLag: Close does not wait for a heartbeat
 // interval (MaxLag/4: 10 s here) to end the invalidation connections.
 func TestNearClosePromptWithLongMaxLag(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		c, err := packcache.New[Channel](tg.Client, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Minute, MaxLag: 40 * time.Second}))
 		if err != nil {
@@ -451,6 +461,7 @@ func TestNearClosePromptWithLongMaxLag(t *testing.T) {
 // does: a Get after another process's write does not share a read from
 // before it, however long the window.
 func TestNearInvalidationEndsShareWindow(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		c := mustNew[Channel](t, tg.Client, nearOpts(packcache.WithShareWindow(time.Minute))...)
@@ -480,6 +491,7 @@ func TestNearInvalidationEndsShareWindow(t *testing.T) {
 // ACL), the near cache never serves, Gets still work from Redis, and the
 // error handler is told why, once.
 func TestNearWithoutTracking(t *testing.T) {
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	s := redistest.Start(t, "--user", "notrack", "on", ">pw", "~*", "&*", "+@all", "-client|tracking")
 	redistest.RequireReal(t, s, "an ACL user")
 	rdb := s.Client(t, func(o *redis.Options) { o.Username, o.Password = "notrack", "pw" })

@@ -16,6 +16,7 @@ import (
 // cursors are meaningless there, and keys are silently skipped.
 func TestAdv2CursorAfterFailover(t *testing.T) {
 	m := redistest.Start(t)
+	redistest.RequireReal(t, m, "--replicaof")
 	host, port, _ := strings.Cut(m.Addr(), ":")
 	r := redistest.Start(t, "--replicaof", host, port)
 	ctx := context.Background()

@@ -117,6 +117,17 @@ func RequireReal(tb testing.TB, s *Server, why string) {
 	tb.Skipf("redistest: skipped: this test needs a real redis-server (%s); %s is not on PATH, so this is the miniredis fallback", why, serverBinary)
 }
 
+// RequireServer is RequireReal for a test that has not started a server
+// yet: it skips the test (fails it when PACKCACHE_REQUIRE_REDIS=1) unless
+// redis-server is on PATH.
+func RequireServer(tb testing.TB, why string) {
+	tb.Helper()
+	if findServer() != "" {
+		return
+	}
+	RequireReal(tb, nil, why)
+}
+
 // Addr returns the server's "127.0.0.1:port" address. It does not change
 // across Stop and Restart.
 func (s *Server) Addr() string { return s.addr }
