@@ -2,7 +2,6 @@ package packcache_test
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/internal/redistest"
 )
 
@@ -115,6 +113,4 @@ func TestAdv2ClusterNewMaster(t *testing.T) {
 	if len(staleAt) > 0 && staleAt[len(staleAt)-1] > lag+50*time.Millisecond {
 		t.Fatalf("a Get begun %v after another client's write returned (MaxLag %v) saw the old value", staleAt[len(staleAt)-1], lag)
 	}
-	_ = fmt.Sprint
-	_ = packcache.ErrMiss
 }

@@ -1,7 +1,6 @@
 package packcache_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -107,5 +106,4 @@ func TestAdv2NonZeroDB(t *testing.T) {
 	if v, err := c.Get(ctx, "d1:k"); !errors.Is(err, packcache.ErrMiss) {
 		t.Fatalf("after FLUSHDB Get %+v %v", v, err)
 	}
-	_ = context.Background
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,7 +486,7 @@ func TestAdvLoaderGoexit(t *testing.T) {
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[string](t, rdb, packcache.WithLoader[string](packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
-		runtimeGoexit()
+		runtime.Goexit()
 		return "", nil
 	})))
 	_, err := c.Get(ctx, "gx")
@@ -497,7 +498,7 @@ func TestAdvLoaderGoexit(t *testing.T) {
 		t.Errorf("after the Get returned, key holds %s", got)
 	}
 	_, err = c.GetOrLoadMany(ctx, []string{"gm"}, func(ctx context.Context, keys []string) (map[string]string, error) {
-		runtimeGoexit()
+		runtime.Goexit()
 		return nil, nil
 	})
 	if !errors.As(err, &pe) || pe.Key != "gm" {
@@ -568,7 +569,7 @@ type stormLog struct {
 
 func (l *stormLog) load(ctx context.Context, key string) (string, error) {
 	n := l.seq.Add(1)
-	v := "L" + key + "#" + itoa(n)
+	v := "L" + key + "#" + strconv.FormatInt(n, 10)
 	l.mu.Lock()
 	l.start[v] = time.Now()
 	l.mu.Unlock()
@@ -582,17 +583,6 @@ func (l *stormLog) load(ctx context.Context, key string) (string, error) {
 		return "", packcache.ErrNotFound
 	}
 	return v, nil
-}
-
-func itoa(n int64) string {
-	if n == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-	}
-	return string(b)
 }
 
 func TestAdvWriteStorm(t *testing.T) {
@@ -684,7 +674,7 @@ func stormOnce(t *testing.T, tg redistest.Target, mode string) {
 						return
 					}
 				} else {
-					w.val = "W" + k + "#" + itoa(int64(i))
+					w.val = "W" + k + "#" + strconv.Itoa(i)
 					if err := cc.Set(ctx, k, w.val); err != nil {
 						t.Errorf("Set: %v", err)
 						return
@@ -769,7 +759,7 @@ func TestAdvCloseRacingEverything(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := 0; i < 200; i++ {
-					k := "c" + itoa(int64((g*7+i)%9))
+					k := "c" + strconv.Itoa((g*7+i)%9)
 					var err error
 					began := false // began after Close returned
 					select {
@@ -875,7 +865,7 @@ func TestAdvBatchLockWaitsSequential(t *testing.T) {
 	ctx := ctxT(t)
 	var keys []string
 	for i := range 8 {
-		k := "lk" + itoa(int64(i))
+		k := "lk" + strconv.Itoa(i)
 		keys = append(keys, k)
 		// A dead process's lease.
 		rdb.Set(ctx, k, "\x0cdeadprocesslease", 30*time.Second)
@@ -905,7 +895,7 @@ func TestAdvWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
 	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 		n := calls.Add(1)
 		time.Sleep(400 * time.Millisecond)
-		return "load" + itoa(n), nil
+		return "load" + strconv.FormatInt(n, 10), nil
 	})
 	c := mustNew[string](t, rdb, packcache.WithShareWindow(0), packcache.WithCircuitBreaker(1, time.Minute),
 		packcache.WithRedisTimeout(100*time.Millisecond), packcache.WithLoader[string](ld))
@@ -929,8 +919,7 @@ func TestAdvWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
 // key gets ErrReentrantLoad at once.
 
 func TestAdvReentrantEverywhere(t *testing.T) {
-	s, rdb := single(t)
-	_ = s
+	_, rdb := single(t)
 	cfgs := map[string][]packcache.Option{
 		"default":    nil,
 		"window0":    {packcache.WithShareWindow(0)},
@@ -1128,7 +1117,7 @@ func TestAdvBatchCountsFailurePerKey(t *testing.T) {
 	ctx := ctxT(t)
 	var keys []string
 	for i := range 5 {
-		k := "fl" + itoa(int64(i))
+		k := "fl" + strconv.Itoa(i)
 		keys = append(keys, k)
 		cl.Set(ctx, k, "\x0cforeign", time.Minute)
 	}
@@ -1148,5 +1137,3 @@ func TestAdvBatchCountsFailurePerKey(t *testing.T) {
 		t.Errorf("a breaker of 3 failures opened after one GetOrLoadMany (plus this Get)")
 	}
 }
-
-func runtimeGoexit() { runtime.Goexit() }
