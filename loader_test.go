@@ -65,11 +65,16 @@ func TestSurgeColdKeyLoadsOnce(t *testing.T) {
 		if n := loads.Load(); n != 1 {
 			t.Fatalf("loader called %d times, want 1", n)
 		}
-		// One GET per share window of arrivals (a read that finds the
-		// load's lease joins the load), and one inside each of the two
-		// lease scripts.
+		// About one GET per share window of arrivals (a read that finds
+		// the load's lease joins the load), and one inside each of the two
+		// lease scripts. This is a cost bound, not the window's staleness
+		// promise (TestShareWindowBoundWithSlowReplies attacks that): reads
+		// that end without being held (the load's own store ends the
+		// window) let the next caller read at once, and CI under -race on
+		// two loaded cores once saw 103 GETs over 901 ms. Twice the window
+		// count still catches coalescing gone (20,000 GETs).
 		gets := tg.CommandCount(t, "get")
-		if limit := int64(took/packcache.DefaultShareWindow) + 4; gets > limit {
+		if limit := 2*int64(took/packcache.DefaultShareWindow) + 4; gets > limit {
 			t.Fatalf("Redis GETs = %d over %v, want at most %d", gets, took, limit)
 		}
 		// The lease, then the value.
