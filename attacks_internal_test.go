@@ -9,9 +9,8 @@ import (
 // holds the mutex at that moment puts the call (read before the write) back
 // into the hot slot after the cool, and lookHot then serves it.
 func TestAdv2ForgetVsFinishHotSlot(t *testing.T) {
-	g := &group[int, int]{}
+	g := &group[ival, int]{}
 	g.window = int64(time.Second)
-	g.keep = func(int, error) bool { return true }
 	now := time.Now().UnixNano()
 	c, _ := g.acquire("k", now, "", false) // a read begun before the write
 

@@ -14,97 +14,31 @@ import (
 // only that their Redis calls are pipelined and that GetOrLoadMany loads
 // every key it must with one call of its function.
 
-// reply is what Redis returned for one key of a batch.
-type reply struct {
-	s    string
-	left time.Duration
-	err  error
-}
-
-// fetchMany reads keys in one pipeline under the Redis budget. A key whose
-// node's breaker is open is not sent; its reply is an ErrCircuitOpen. Each
-// node's breaker is told once what the pipeline says of the node.
+// fetchMany reads keys in one pipeline, one round trip per node (see
+// roundTripMany), with the time to live of those whose policy needs it.
 func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 	out := make([]reply, len(keys))
 	gets := make([]*redis.StringCmd, len(keys))
 	pttls := make([]*redis.DurationCmd, len(keys))
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	nb := c.batchNodes(rctx, keys)
-	pipe := c.rdb.Pipeline()
-	for i, k := range keys {
-		if !nb.allowed(i) {
-			out[i] = reply{err: circuitOpen("get", k)}
-			continue
+	var sent time.Time
+	errs := c.roundTripMany(ctx, "get", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, _ bool) redis.Cmder {
+		gets[i] = pipe.Get(ctx, keys[i])
+		if c.policy(keys[i]).needsPTTL() {
+			pttls[i] = pipe.PTTL(ctx, keys[i])
+			sent = time.Now()
 		}
-		p := c.policy(k)
-		gets[i] = pipe.Get(rctx, k)
-		if p.needsPTTL() {
-			pttls[i] = pipe.PTTL(rctx, k)
-		}
-	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(rctx) // each command carries its own error
-	}
-	for i, k := range keys {
-		if gets[i] == nil {
-			continue
-		}
-		s, err := gets[i].Result()
-		nb.saw(i, judgeRedis(ctx, err))
-		out[i] = reply{s: s, left: -1, err: err}
-		switch {
-		case err == redis.Nil:
-		case err != nil:
-			c.redisFailed(c.policy(k), nb.of[i], err)
-			out[i].err = keyErr("get", k, redisErr(err))
-		case pttls[i] != nil:
-			if d, perr := pttls[i].Result(); perr == nil && d > 0 {
-				out[i].left = d
+		return gets[i]
+	})
+	for i := range keys {
+		out[i] = reply{err: errs[i], left: -1, sent: sent}
+		if gets[i] != nil && errs[i] == nil {
+			out[i].s = gets[i].Val()
+			if pttls[i] != nil {
+				out[i].left = ttlLeft(pttls[i])
 			}
 		}
 	}
-	nb.feed()
 	return out
-}
-
-// batchNodes is the breakers of a batch's keys: each node is asked once
-// whether it may be tried, and told once what the batch says of it. ctx
-// is the batch's budgeted context: finding a key's node can be a Redis
-// call.
-type batchNodes struct {
-	of      []*breaker
-	allow   map[*breaker]bool
-	outcome map[*breaker]outcome
-}
-
-func (c *Cache[T]) batchNodes(ctx context.Context, keys []string) *batchNodes {
-	nb := &batchNodes{of: make([]*breaker, len(keys)), allow: map[*breaker]bool{}, outcome: map[*breaker]outcome{}}
-	for i, k := range keys {
-		b := c.nodes.forKey(ctx, k)
-		nb.of[i] = b
-		if _, asked := nb.allow[b]; !asked {
-			nb.allow[b] = b.allow()
-		}
-	}
-	return nb
-}
-
-func (nb *batchNodes) allowed(i int) bool { return nb.allow[nb.of[i]] }
-
-// saw records the outcome of key i's command: a node that failed any
-// command failed the batch once; one whose caller gave up says nothing.
-func (nb *batchNodes) saw(i int, o outcome) {
-	b := nb.of[i]
-	if cur, ok := nb.outcome[b]; !ok || o > cur {
-		nb.outcome[b] = o
-	}
-}
-
-func (nb *batchNodes) feed() {
-	for b, o := range nb.outcome {
-		b.feed(o)
-	}
 }
 
 // GetMany returns the values stored under keys, in one round trip per
@@ -119,6 +53,9 @@ func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, er
 		return nil, ErrClosed
 	}
 	defer c.life.exit()
+	if err := ctx.Err(); err != nil {
+		return map[string]T{}, err
+	}
 	keys = dedupe(keys)
 	found := make(map[string]T, len(keys))
 	if len(keys) == 0 {
@@ -129,7 +66,7 @@ func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, er
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.policy(k)
-		j := c.judge(k, p, rp.s, rp.err, rp.left, false)
+		j := c.judge(k, p, rp, false)
 		if tickets != nil && p.near != nil && j.v == vHit {
 			c.keepNear(k, p, tickets[i], j)
 		}
@@ -142,6 +79,9 @@ func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, er
 		default:
 			errs = append(errs, err)
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return found, err // the caller's context ended: not Redis's failure
 	}
 	return found, errors.Join(errs...)
 }
@@ -174,6 +114,9 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 		return nil, ErrClosed
 	}
 	defer c.life.exit()
+	if err := ctx.Err(); err != nil {
+		return map[string]T{}, err
+	}
 	keys = dedupe(keys)
 	found := make(map[string]T, len(keys))
 	if len(keys) == 0 {
@@ -187,7 +130,7 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.policy(k)
-		j := c.judge(k, p, rp.s, rp.err, rp.left, true)
+		j := c.judge(k, p, rp, true)
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
 			c.keepNear(k, p, tickets[i], j)
 		}
@@ -215,6 +158,11 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 		} else {
 			found[k] = v
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller's context ended: keys Redis did not answer for are
+		// not loaded, since Redis may well hold them.
+		return found, err
 	}
 	if len(toLoad) == 0 {
 		return found, errors.Join(errs...)
@@ -274,7 +222,6 @@ func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []tick
 		p := c.policy(k)
 		if p.near != nil {
 			if e, ok := p.near.get(k); ok {
-				p.stats.nearHits.Add(1)
 				if v, err := c.deliver(k, p, result[T]{val: e.val, data: e.data, from: fromNear}, nil, false); err == nil {
 					found[k] = v
 					continue
@@ -336,7 +283,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 		}
 	}()
 	for k, v := range items {
-		e, err := c.encode(ctx, k, c.policy(k), v)
+		e, err := c.encode(ctx, "set", k, c.policy(k), v)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -350,41 +297,20 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 			c.forget(k)
 		}
 	}()
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	nb := c.batchNodes(rctx, keys)
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.StatusCmd, len(keys))
-	for i, k := range keys {
-		if !nb.allowed(i) {
-			errs = append(errs, circuitOpen("set", k))
-			continue
-		}
-		p := c.policy(k)
+	for i, err := range c.roundTripMany(ctx, "set", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, _ bool) redis.Cmder {
+		p := c.policy(keys[i])
 		ttl := p.ttl
 		if so.ttlSet {
 			ttl = so.ttl
 		}
-		cmds[i] = pipe.Set(rctx, k, encs[i].stored, redisTTL(c.expiry(p, ttl)))
-	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(rctx)
-	}
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
-		}
-		p := c.policy(keys[i])
-		err := cmd.Err()
-		nb.saw(i, judgeRedis(ctx, err))
+		return pipe.Set(ctx, keys[i], encs[i].stored, redisTTL(c.expiry(p, ttl)))
+	}) {
 		if err != nil {
-			c.redisFailed(p, nb.of[i], err)
-			errs = append(errs, keyErr("set", keys[i], redisErr(err)))
+			errs = append(errs, err)
 			continue
 		}
-		p.stats.sets.Add(1)
+		c.policy(keys[i]).stats.sets.Add(1)
 	}
-	nb.feed()
 	return errors.Join(errs...)
 }
 
@@ -392,34 +318,9 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 // fails on a cluster when the keys' slots differ, and the pipeline still
 // costs one round trip per node.
 func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	nb := c.batchNodes(rctx, keys)
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, len(keys))
-	var errs []error
-	for i, k := range keys {
-		if !nb.allowed(i) {
-			errs = append(errs, circuitOpen("delete", k))
-			continue
-		}
-		cmds[i] = pipe.Del(rctx, k)
-	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(rctx)
-	}
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
-		}
-		err := cmd.Err()
-		nb.saw(i, judgeRedis(ctx, err))
-		if err != nil {
-			c.redisFailed(c.policy(keys[i]), nb.of[i], err)
-			errs = append(errs, keyErr("delete", keys[i], redisErr(err)))
-		}
-	}
-	nb.feed()
+	errs := c.roundTripMany(ctx, "delete", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, _ bool) redis.Cmder {
+		return pipe.Del(ctx, keys[i])
+	})
 	return errors.Join(errs...)
 }
 

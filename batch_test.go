@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/redistest"
@@ -178,7 +180,92 @@ func TestOneJudgementForAllCalls(t *testing.T) {
 				})
 			}
 		}
+		t.Run("caller-context", func(t *testing.T) { testCallerContext(t, tg, calls) })
 	})
+}
+
+// testCallerContext: a caller whose context is cancelled, or whose
+// deadline passes while Redis is paused (CLIENT PAUSE), gets its context's
+// error from every reading call; that is never a Redis failure (not
+// counted, not told to the error handler) and never makes the cache load a
+// key that Redis holds. A batch stops there and loads nothing at all; a
+// Get's read and load, shared and detached from its first caller, go on
+// for the others.
+func testCallerContext(t *testing.T, tg redistest.Target, calls []string) {
+	if tg.Server != nil {
+		redistest.RequireReal(t, tg.Server, "CLIENT PAUSE")
+	}
+	for _, kind := range []string{"cancelled", "expiring"} {
+		for _, held := range []bool{true, false} {
+			for _, call := range calls {
+				name := kind + "/" + map[bool]string{true: "held", false: "missing"}[held] + "/" + call
+				t.Run(name, func(t *testing.T) {
+					ctx := ctxT(t)
+					key := "caller-ctx:{" + name + "}"
+					tg.Client.Del(ctx, key)
+					if held {
+						tg.Client.Set(ctx, key, `{"id":"stored"}`, time.Hour)
+					}
+					var reported atomic.Int64
+					c, err := packcache.New[Channel](tg.Client, packcache.WithErrorHandler(func(context.Context, string, error) { reported.Add(1) }))
+					if err != nil {
+						t.Fatal(err)
+					}
+					var loads atomic.Int64
+					one := func(context.Context) (Channel, error) { loads.Add(1); return Channel{ID: "loaded"}, nil }
+					many := func(_ context.Context, keys []string) (map[string]Channel, error) {
+						loads.Add(1)
+						return map[string]Channel{keys[0]: {ID: "loaded"}}, nil
+					}
+					c.Get(ctx, "caller-ctx:warm") // connections made before any pause
+					cctx, cancel := context.WithCancel(ctx)
+					want := context.Canceled
+					if kind == "cancelled" {
+						cancel()
+					} else {
+						defer cancel()
+						want = context.DeadlineExceeded
+						cctx, cancel = context.WithTimeout(ctx, 30*time.Millisecond)
+						defer cancel()
+						pause := func(ctx context.Context, c *redis.Client) error {
+							return c.ClientPause(ctx, 300*time.Millisecond).Err()
+						}
+						if cl, ok := tg.Client.(*redis.ClusterClient); ok {
+							err = cl.ForEachMaster(ctx, pause)
+						} else {
+							err = pause(ctx, tg.Client.(*redis.Client))
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					switch call {
+					case "Get":
+						_, err = c.Get(cctx, key)
+					case "GetMany":
+						_, err = c.GetMany(cctx, []string{key})
+					case "GetOrLoad":
+						_, err = c.GetOrLoad(cctx, key, one)
+					case "GetOrLoadMany":
+						_, err = c.GetOrLoadMany(cctx, []string{key}, many)
+					}
+					if !errors.Is(err, want) || errors.Is(err, packcache.ErrRedis) {
+						t.Fatalf("error %v, want %v and no Redis failure", err, want)
+					}
+					if err := c.Close(); err != nil { // waits for the reads and loads the call left running
+						t.Fatal(err)
+					}
+					st := c.Stats()
+					if st.RedisErrors != 0 || reported.Load() != 0 {
+						t.Fatalf("the caller's context counted as %d Redis errors, %d reports", st.RedisErrors, reported.Load())
+					}
+					if n := loads.Load(); n != 0 && (held || kind == "cancelled" || strings.HasSuffix(call, "Many")) {
+						t.Fatalf("loader called %d times", n)
+					}
+				})
+			}
+		}
+	}
 }
 
 // TestStrictStoreFailureAllCalls: a loaded value that Redis fails to store

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -185,9 +184,19 @@ func (b *batchLoad[T]) run(ctx context.Context, keys []string) {
 		}
 		// Serialized once, for the store and (as storeLoaded does) for
 		// the callers that decode their own copy.
-		e, eerr := c.encode(ctx, k, p, v)
+		e, eerr := c.encode(ctx, "load", k, p, v)
 		if eerr != nil {
-			b.errs[k] = eerr
+			if c.unstored(ctx, k, p, eerr) {
+				b.errs[k] = eerr
+				continue
+			}
+			if c.perCaller {
+				if r.data, eerr = c.marshal(nil, v); eerr != nil {
+					b.errs[k] = keyErr("load", k, eerr)
+					continue
+				}
+			}
+			b.results[k], b.errs[k] = r, nil
 			continue
 		}
 		if c.perCaller {
@@ -201,10 +210,8 @@ func (b *batchLoad[T]) run(ctx context.Context, keys []string) {
 	for _, k := range wrote {
 		b.stored[k] = true
 	}
-	// As for one key: with WithStrictRedis a value that could not be
-	// stored is an error, not a value (failed holds only Redis failures).
-	if c.strict {
-		for k, err := range failed {
+	for k, err := range failed {
+		if c.unstored(ctx, k, c.policy(k), err) {
 			b.results[k], b.errs[k] = result[T]{}, err
 		}
 	}
@@ -237,7 +244,7 @@ func (b *batchLoad[T]) settle(ctx context.Context, keys []string) {
 	// has just ended.
 	for i, rp := range c.fetchMany(ctx, reread) {
 		k := reread[i]
-		b.decide(ctx, k, c.judge(k, c.policy(k), rp.s, rp.err, rp.left, true), &missing)
+		b.decide(ctx, k, c.judge(k, c.policy(k), rp, true), &missing)
 	}
 	b.acquire(ctx, missing, nil)
 	if len(b.seen) == 0 {
@@ -275,7 +282,7 @@ func (b *batchLoad[T]) settle(ctx context.Context, keys []string) {
 		still := waiting[:0]
 		for i, rp := range c.fetchMany(ctx, waiting) {
 			k := waiting[i]
-			j := c.judge(k, c.policy(k), rp.s, rp.err, rp.left, true)
+			j := c.judge(k, c.policy(k), rp, true)
 			if j.v == vLease {
 				b.seen[k] = j.lease
 				still = append(still, k)
@@ -342,9 +349,6 @@ func (b *batchLoad[T]) acquire(ctx context.Context, keys []string, over map[stri
 		return
 	}
 	c := b.c
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	nb := c.batchNodes(rctx, keys)
 	leases := make([]string, len(keys))
 	for i, k := range keys {
 		if over == nil && b.jobs[k].from.v == vMiss {
@@ -353,40 +357,24 @@ func (b *batchLoad[T]) acquire(ctx context.Context, keys []string, over map[stri
 			leases[i] = newLease()
 		}
 	}
-	args := func(i int) []any { return []any{leases[i], c.leaseTTL().Milliseconds(), over[keys[i]]} }
-	pipe := c.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
-	for i, k := range keys {
-		if nb.allowed(i) {
-			cmds[i] = acquireScript.EvalSha(rctx, pipe, []string{k}, args(i)...)
-		}
-	}
-	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
-		return acquireScript.Eval(rctx, p, []string{keys[i]}, args(i)...)
+	errs := c.roundTripMany(ctx, "lease", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), over[keys[i]])
+		return cmds[i]
 	})
 	for i, k := range keys {
-		p := c.policy(k)
-		if cmds[i] == nil {
-			c.report(ctx, k, circuitOpen("lease", k))
-			b.guards[k] = guard{}
-			continue
-		}
-		s, err := cmds[i].Text()
-		nb.saw(i, judgeRedis(ctx, err))
-		switch {
+		switch err := errs[i]; {
 		case err == redis.Nil:
 			b.guards[k] = guard{kind: guardLease, value: leases[i]}
 		case err != nil:
-			c.redisFailed(p, nb.of[i], err)
-			c.report(ctx, k, keyErr("lease", k, redisErr(err)))
+			c.report(ctx, k, err)
 			b.guards[k] = guard{}
 		default:
 			// Something arrived since the read: decide on it, but do not
 			// try to take a lease again.
-			b.decide(ctx, k, c.judge(k, p, s, nil, -1, true), nil)
+			b.decide(ctx, k, c.judge(k, c.policy(k), reply{s: text(cmds[i]), left: -1}, true), nil)
 		}
 	}
-	nb.feed()
 }
 
 // A pendingWrite is a guarded write of a batch.
@@ -399,8 +387,7 @@ type pendingWrite struct {
 }
 
 // storeMany makes guarded writes in one pipeline, and returns the keys it
-// wrote and the errors of those Redis failed (or whose breaker is open),
-// which are also reported.
+// wrote and the errors of those Redis failed (or whose breaker is open).
 func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) (wrote []string, failed map[string]error) {
 	if len(writes) == 0 {
 		return nil, nil
@@ -409,48 +396,29 @@ func (c *Cache[T]) storeMany(ctx context.Context, writes []pendingWrite) (wrote 
 	for i, w := range writes {
 		keys[i] = w.key
 	}
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	nb := c.batchNodes(rctx, keys)
-	pipe := c.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(writes))
-	for i, w := range writes {
-		if nb.allowed(i) {
-			cmds[i] = storeScript.EvalSha(rctx, pipe, []string{w.key}, storeArgs(w.g, w.stored, w.ttl)...)
-		}
-	}
-	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
+	errs := c.roundTripMany(ctx, "set", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
 		w := writes[i]
-		return storeScript.Eval(rctx, p, []string{w.key}, storeArgs(w.g, w.stored, w.ttl)...)
+		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
+		return cmds[i]
 	})
-	fail := func(key string, err error) {
-		if failed == nil {
-			failed = make(map[string]error)
-		}
-		failed[key] = err
-		c.report(ctx, key, err)
-	}
 	for i, w := range writes {
 		p := c.policy(w.key)
-		if cmds[i] == nil {
-			fail(w.key, circuitOpen("set", w.key))
+		if err := errs[i]; err != nil {
+			if failed == nil {
+				failed = make(map[string]error)
+			}
+			failed[w.key] = err
 			continue
 		}
-		n, err := cmds[i].Int()
-		nb.saw(i, judgeRedis(ctx, err))
-		switch {
-		case err != nil:
-			c.redisFailed(p, nb.of[i], err)
-			fail(w.key, keyErr("set", w.key, redisErr(err)))
-		case n == 0:
+		if n, _ := cmds[i].Int(); n == 0 {
 			p.stats.superseded.Add(1)
-		default:
-			p.stats.sets.Add(1)
-			c.wrote(w.key)
-			wrote = append(wrote, w.key)
+			continue
 		}
+		p.stats.sets.Add(1)
+		c.wrote(w.key)
+		wrote = append(wrote, w.key)
 	}
-	nb.feed()
 	return wrote, failed
 }
 
@@ -459,52 +427,29 @@ func (c *Cache[T]) releaseMany(ctx context.Context, keys []string, guards map[st
 	if len(keys) == 0 {
 		return
 	}
-	rctx, cancel := c.budget(ctx)
-	defer cancel()
-	nb := c.batchNodes(rctx, keys)
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(keys))
-	for i, k := range keys {
-		if nb.allowed(i) { // else it expires by itself
-			cmds[i] = releaseScript.EvalSha(rctx, pipe, []string{k}, guards[k].value)
-		}
-	}
-	execScripts(rctx, pipe, cmds, func(i int, p redis.Pipeliner) *redis.Cmd {
-		k := keys[i]
-		return releaseScript.Eval(rctx, p, []string{k}, guards[k].value)
+	errs := c.roundTripMany(ctx, "lease", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+		return runScript(ctx, pipe, releaseScript, sha, keys[i], guards[keys[i]].value)
 	})
-	// As release does for one key: the breakers learn of the nodes'
-	// failures, which are reported; a lease not released expires by itself.
-	for i, k := range keys {
-		if cmds[i] == nil {
-			continue
-		}
-		err := cmds[i].Err()
-		nb.saw(i, judgeRedis(ctx, err))
-		if err != nil {
-			c.redisFailed(c.policy(k), nb.of[i], err)
-			c.report(ctx, k, keyErr("lease", k, redisErr(err)))
+	// As release does for one key: failures are reported; a lease not
+	// released expires by itself.
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, ErrCircuitOpen) {
+			c.report(ctx, keys[i], err)
 		}
 	}
-	nb.feed()
 }
 
-// execScripts runs a pipeline of EVALSHA commands and sends again, with
-// EVAL, those a node answered NOSCRIPT (it had not seen the script yet),
-// replacing them in cmds.
-func execScripts(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd, eval func(i int, p redis.Pipeliner) *redis.Cmd) {
-	if pipe.Len() == 0 {
-		return
+// runScript queues script on key in pipe: as EVALSHA, or as EVAL when
+// sha is false (a node answered NOSCRIPT).
+func runScript(ctx context.Context, pipe redis.Pipeliner, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
+	if sha {
+		return script.EvalSha(ctx, pipe, []string{key}, args...)
 	}
-	_, _ = pipe.Exec(ctx)
-	again := false
-	for i, cmd := range cmds {
-		if cmd != nil && cmd.Err() != nil && strings.HasPrefix(cmd.Err().Error(), "NOSCRIPT") {
-			cmds[i] = eval(i, pipe)
-			again = true
-		}
-	}
-	if again {
-		_, _ = pipe.Exec(ctx)
-	}
+	return script.Eval(ctx, pipe, []string{key}, args...)
+}
+
+// text is a script's string reply.
+func text(cmd *redis.Cmd) string {
+	s, _ := cmd.Text()
+	return s
 }

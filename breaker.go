@@ -73,6 +73,22 @@ func (b *breaker) failure() {
 	}
 }
 
+// trip opens the breaker at once, for a failure that leaves no doubt: a
+// refused connection.
+func (b *breaker) trip() {
+	if b.cfg.failures <= 0 {
+		return
+	}
+	b.failures.Store(int64(b.cfg.failures))
+	b.mu.Lock()
+	old := b.openUntil.Swap(time.Now().Add(b.cfg.cooldown).UnixNano())
+	b.probeAt.Store(0)
+	if old == 0 {
+		b.notify(true)
+	}
+	b.mu.Unlock()
+}
+
 func (b *breaker) notify(open bool) {
 	if b.obs != nil {
 		b.obs.ObserveRedis(RedisEvent{Node: b.addr, Breaker: true, Open: open})
@@ -112,7 +128,15 @@ func (n *nodes) forKey(ctx context.Context, key string) *breaker {
 		// follows is charged to the shared bucket.
 		return &n.one
 	}
-	addr := cl.Options().Addr
+	return n.forAddr(cl.Options().Addr)
+}
+
+// forAddr returns the breaker of the node at addr: on a Cluster, the
+// master there; on any other client, the one node.
+func (n *nodes) forAddr(addr string) *breaker {
+	if n.cluster == nil {
+		return &n.one
+	}
 	if b, ok := n.byAddr.Load(addr); ok {
 		return b.(*breaker)
 	}
@@ -124,20 +148,17 @@ func (n *nodes) forKey(ctx context.Context, key string) *breaker {
 type outcome uint8
 
 const (
-	healthy outcome = iota // the node answered (a value, nil, or an error reply about the data)
-	neutral                // says nothing of the node: the caller's own context ended
-	failed                 // the node's own failure
+	healthy     outcome = iota // the node answered (a value, nil, or an error reply about the data)
+	neutral                    // says nothing of the node: the caller's own context ended
+	failed                     // the node's own failure
+	refusedConn                // nothing listens at the node's address: open the breaker now
 )
 
-// judgeRedis classifies err from a Redis operation made under caller's
-// context: the node answered, it failed, or the caller gave up.
-func judgeRedis(caller context.Context, err error) outcome {
+// judgeRedis classifies err from a Redis operation whose caller's context
+// is still live (see judgeCall): the node answered, or it failed.
+func judgeRedis(err error) outcome {
 	if err == nil || err == redis.Nil {
 		return healthy
-	}
-	if caller.Err() != nil {
-		// The caller's own deadline or cancellation, not Redis's.
-		return neutral
 	}
 	var re redis.Error
 	if errors.As(err, &re) {
@@ -167,5 +188,7 @@ func (b *breaker) feed(o outcome) {
 		b.success()
 	case failed:
 		b.failure()
+	case refusedConn:
+		b.trip()
 	}
 }

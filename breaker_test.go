@@ -66,18 +66,20 @@ func TestBreakerIgnoresCallerContexts(t *testing.T) {
 }
 
 // TestBreakerCountsOncePerBatchPerNode: a batch of a hundred keys on a
-// dead node is one failure, not a hundred.
+// hung node is one failure, not a hundred.
 func TestBreakerCountsOncePerBatchPerNode(t *testing.T) {
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops the server")
 	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(2, time.Minute))
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(2, time.Minute), packcache.WithRedisTimeout(100*time.Millisecond))
 	keys := make([]string, 100)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("batch:%d", i)
 	}
-	s.Stop(t)
+	c.GetMany(ctx, keys) // connections made while the server answers
+	s.Pause(t)
+	defer s.Resume(t)
 	if _, err := c.GetMany(ctx, keys); !errors.Is(err, packcache.ErrRedis) || errors.Is(err, packcache.ErrCircuitOpen) {
 		t.Fatalf("first GetMany: %v", err)
 	}
@@ -183,10 +185,11 @@ func TestBreakerHotKeyOnDeadRedis(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// Redis was tried until the breaker opened: three times, not once per
-	// share window.
-	if n := c.Stats().RedisErrors; n != 3 {
-		t.Fatalf("%d Redis errors for %d Gets of a hot key over 500ms: want the breaker to open after 3", n, gets.Load())
+	// Redis was tried until the breaker opened, not once per share
+	// window: a refused connection opens it at once, so after the reads
+	// under way when it opened (at most the threshold), no other.
+	if n := c.Stats().RedisErrors; n < 1 || n > 3 {
+		t.Fatalf("%d Redis errors for %d Gets of a hot key over 500ms: want 1 to 3 before the breaker opened", n, gets.Load())
 	}
 }
 

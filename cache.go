@@ -71,6 +71,7 @@ type Cache[T any] struct {
 	base         *policy[T]
 	prefixes     []*policy[T] // longest prefix first
 	nodes        *nodes
+	ticks        ticks // the shared ends of Redis budgets
 
 	lookups group[result[T], flight[T]]  // Gets without a loader: read and decode
 	reads   group[result[T], flight[T]]  // Gets with a loader: read, decode, and load on a miss
@@ -138,6 +139,23 @@ type result[T any] struct {
 	// joined: the read that produced it joined a load another began, so
 	// its callers shared work (for Stats and the Observer).
 	joined bool
+	// expires is when the value read expires in Redis, in unix
+	// nanoseconds, when known (0 otherwise): it is shared no later.
+	expires int64
+}
+
+// shareUntil says until when, in unix nanoseconds, a finished read with
+// this outcome may be shared with later callers: values and misses may,
+// for the share window but never past the value's expiry; errors and
+// stale values may not (0), so that the next caller tries again.
+func (r result[T]) shareUntil(err error) int64 {
+	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale {
+		return 0
+	}
+	if r.expires != 0 {
+		return r.expires
+	}
+	return 1<<63 - 1
 }
 
 type source uint8
@@ -188,12 +206,10 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		obs:          cfg.observer,
 		nodes:        newNodes(rdb, cfg.breaker, cfg.observer),
 	}
+	c.ticks.step = int64(max(cfg.redisTimeout/16, time.Millisecond))
 	c.lookupFn, c.joiningFn = lookup[T], c.reentrant
-	keep := func(r result[T], err error) bool {
-		return (err == nil && !r.stale) || errors.Is(err, ErrMiss) || errors.Is(err, ErrNotFound)
-	}
 	for _, g := range []*group[result[T], flight[T]]{&c.lookups, &c.reads} {
-		g.window, g.keep = int64(cfg.shareWindow), keep
+		g.window = int64(cfg.shareWindow)
 		g.spawn, g.done = c.life.trySpawn, c.life.exit
 	}
 	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
@@ -212,6 +228,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	if err := c.startNear(rdb, cfg); err != nil {
 		return nil, err
 	}
+	hookDials(rdb)
 	return c, nil
 }
 
@@ -265,27 +282,31 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 	}
 	c.inv = inv
 	for _, n := range c.nears {
-		n.inv = inv
+		n.inv, n.gate = inv, inv.gate(n.lc.MaxLag)
 	}
 	return nil
 }
 
 // keepNear puts a value read from Redis in key's near cache, unless a
-// write of key came since t. It lives no longer than the value has until
-// it is stale or due for refresh, where that is known.
+// write of key came since t. The entry lives no longer than the value in
+// Redis, counted from when the read was sent (Redis expires it later
+// still), nor past the moment it turns stale or due for refresh: a value
+// that expires now (PTTL 0) is not kept at all.
 func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) {
-	var ttl time.Duration
-	if j.left > 0 {
-		ttl = j.left - p.staleFor // until it is stale
+	var until time.Time // zero: no expiry; the near cache's TTL caps it
+	if j.left >= 0 {
+		until = j.expires.Add(-p.staleFor) // stale from then
 		if p.refreshAfter > 0 {
-			age := p.ttl + p.staleFor - j.left
-			ttl = min(ttl, p.refreshAfter-age) // until it is due for refresh
+			// Due once its age, TTL + StaleFor - left, reaches RefreshAfter.
+			if due := j.expires.Add(p.refreshAfter - p.ttl - p.staleFor); due.Before(until) {
+				until = due
+			}
 		}
-		if ttl <= 0 {
+		if !time.Now().Before(until) {
 			return
 		}
 	}
-	p.near.put(key, t, j.r, j.r.size, ttl)
+	p.near.put(key, t, j.r, j.r.size, until)
 }
 
 // invalidated is told by Redis that keys were written: it removes them from
@@ -539,7 +560,6 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
 	if p.near != nil {
 		if e, ok := p.near.get(key); ok {
-			p.stats.nearHits.Add(1)
 			return result[T]{val: e.val, data: e.data, from: fromNear}, nil, true
 		}
 	}
@@ -569,6 +589,12 @@ func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrou
 }
 
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+	if err := ctx.Err(); err != nil {
+		// Already over: no read, no load, nothing counted, as in the
+		// batch calls.
+		var zero T
+		return zero, err
+	}
 	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
 		return c.deliver(key, p, r, err, r.from != fromNear)
 	}
@@ -597,11 +623,11 @@ func lookup[T any](ctx context.Context, f flight[T], cl *call[result[T]]) (resul
 	if p.near != nil {
 		t = c.marks.take(key) // before the read is sent
 	}
-	s, left, err := c.fetch(ctx, key, p)
+	rp := c.fetch(ctx, key, p)
 	if cl != nil {
 		cl.seal()
 	}
-	j := c.judge(key, p, s, err, left, f.ld != nil)
+	j := c.judge(key, p, rp, f.ld != nil)
 	if p.near != nil && j.v == vHit && !j.refresh {
 		c.keepNear(key, p, t, j)
 	}
@@ -636,6 +662,9 @@ func (c *Cache[T]) rule(ctx context.Context, key string, j judgement[T], readThr
 		return false, nil
 	case vTombstone:
 		return false, ErrNotFound
+	case vCancelled:
+		// The caller gave up: neither a miss nor Redis's failure.
+		return false, j.err
 	}
 	if !readThrough {
 		switch j.v {
@@ -693,7 +722,7 @@ func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOpti
 	if err := checkTTL("SetTTL", so.ttl); err != nil {
 		return keyErr("set", key, err)
 	}
-	e, err := c.encode(ctx, key, p, value)
+	e, err := c.encode(ctx, "set", key, p, value)
 	if err != nil {
 		return err
 	}
@@ -730,19 +759,9 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 }
 
 func (c *Cache[T]) del(ctx context.Context, key string) error {
-	p := c.policy(key)
-	rctx, cancel, b, ok := c.op(ctx, key)
-	defer cancel()
-	if !ok {
-		return circuitOpen("delete", key)
-	}
-	err := c.rdb.Del(rctx, key).Err()
-	b.feed(judgeRedis(ctx, err))
-	if err != nil {
-		c.redisFailed(p, b, err)
-		return keyErr("delete", key, redisErr(err))
-	}
-	return nil
+	return c.roundTrip(ctx, "delete", key, c.policy(key), func(ctx context.Context) error {
+		return c.rdb.Del(ctx, key).Err()
+	})
 }
 
 // Stats returns a snapshot of the cache's counters.

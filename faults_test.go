@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -747,4 +748,97 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestUnreachableRedisNamesCauseAndCostsLittle: with Redis stopped and the
+// go-redis client at its defaults (five dial attempts a connection, three
+// retries a command), a Get's error names the refused connection, not
+// only the budget running out; and the refusal opens the node's breaker at
+// once, so that of ten read-through Gets at most the first waits out the
+// budget and the others answer from the loader at once. On the cluster,
+// only the stopped master's breaker opens.
+func TestUnreachableRedisNamesCauseAndCostsLittle(t *testing.T) {
+	const budget = 2 * time.Second
+	loader := packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		return Channel{ID: key, Title: "loaded"}, nil
+	}))
+	check := func(t *testing.T, rdb redis.UniversalClient, keys []string, stop func()) {
+		ctx := ctxT(t)
+		c := mustNew[Channel](t, rdb, loader, packcache.WithRedisTimeout(budget), packcache.WithCircuitBreaker(5, time.Minute))
+		plain := mustNew[Channel](t, rdb, packcache.WithRedisTimeout(budget), packcache.WithCircuitBreaker(5, time.Minute))
+		for _, k := range keys { // connections made while Redis answers
+			c.Get(ctx, k)
+			plain.Get(ctx, k)
+		}
+		stop()
+		slow := 0
+		for _, k := range keys {
+			start := time.Now()
+			v, err := c.Get(ctx, k)
+			if err != nil || v.Title != "loaded" {
+				t.Fatalf("read-through Get of %s with Redis stopped: %+v, %v", k, v, err)
+			}
+			if time.Since(start) >= budget/2 {
+				slow++
+			}
+		}
+		if slow > 1 {
+			t.Fatalf("%d of %d read-through Gets waited for the Redis budget: a refused connection should open the breaker at once", slow, len(keys))
+		}
+		_, err := plain.Get(ctx, keys[0])
+		switch {
+		case !errors.Is(err, packcache.ErrRedis):
+			t.Fatalf("Get without a loader: %v, want ErrRedis", err)
+		case errors.Is(err, packcache.ErrCircuitOpen):
+			// Another call's refusal opened it first; the cause is named
+			// by the calls that tried.
+		case !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connection refused") || !isKeyErr(err, keys[0]):
+			t.Fatalf("Get without a loader: %q: want the key and the refused connection named", err)
+		}
+		var named bool
+		for _, k := range keys[1:] {
+			if _, err := plain.Get(ctx, k); errors.Is(err, syscall.ECONNREFUSED) && strings.Contains(err.Error(), "connection refused") {
+				named = true
+			}
+		}
+		if !named && !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("no error named the refused connection: %v", err)
+		}
+	}
+	t.Run("single", func(t *testing.T) {
+		s := redistest.Start(t)
+		redistest.RequireReal(t, s, "stops the server")
+		keys := make([]string, 10)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("unreachable:%d", i)
+		}
+		check(t, s.Universal(t), keys, func() { s.Stop(t) })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t, 3)
+		cl.AllowPartialCoverage(t)
+		rdb := cl.Client(t)
+		victim := cl.Nodes()[1]
+		var keys, kept []string
+		for i := 0; len(keys) < 10 || len(kept) < 5; i++ {
+			k := fmt.Sprintf("unreachable:{%d}", i)
+			if cl.NodeForKey(t, k) == victim {
+				keys = append(keys, k)
+			} else {
+				kept = append(kept, k)
+			}
+		}
+		check(t, rdb, keys[:10], func() { victim.Stop(t) })
+		// The other masters' keys are read from Redis as before.
+		ctx := ctxT(t)
+		plain := mustNew[Channel](t, rdb)
+		for _, k := range kept {
+			if err := plain.Set(ctx, k, Channel{ID: k}); err != nil {
+				t.Fatalf("Set of %s on a healthy master: %v", k, err)
+			}
+			if v, err := plain.Get(ctx, k); err != nil || v.ID != k {
+				t.Fatalf("Get of %s on a healthy master: %+v, %v", k, v, err)
+			}
+		}
+	})
 }

@@ -58,6 +58,76 @@ type invalidator struct {
 	mu        sync.Mutex
 	listeners map[string]*listener // by address
 	current   atomic.Pointer[[]*listener]
+
+	// gates say, for each MaxLag of the cache's near caches, whether they
+	// may serve now, so that a near hit costs one atomic load rather than
+	// a clock read. recheck opens and closes them: whenever a proof
+	// arrives or a connection changes, and, by a timer, when the oldest
+	// proof grows older than a gate's MaxLag.
+	gmu    sync.Mutex
+	gates  []*gate
+	expiry *time.Timer // fires when the next open gate must close
+}
+
+// A gate is whether the near caches of one MaxLag may serve: open while
+// every invalidation connection is subscribed and has proved, within
+// MaxLag, that it applied every write Redis had completed by then.
+type gate struct {
+	maxLag time.Duration
+	open   atomic.Bool
+}
+
+// gate returns the gate of near caches with maxLag.
+func (inv *invalidator) gate(maxLag time.Duration) *gate {
+	inv.gmu.Lock()
+	var g *gate
+	for _, o := range inv.gates {
+		if o.maxLag == maxLag {
+			g = o
+		}
+	}
+	if g == nil {
+		g = &gate{maxLag: maxLag}
+		inv.gates = append(inv.gates, g)
+	}
+	inv.gmu.Unlock()
+	inv.recheck()
+	return g
+}
+
+// recheck opens the gates whose MaxLag the listeners' proofs satisfy and
+// closes the others, and sets the timer for the next to close.
+func (inv *invalidator) recheck() {
+	inv.gmu.Lock()
+	defer inv.gmu.Unlock()
+	now := int64(time.Since(inv.epoch))
+	ls := *inv.current.Load()
+	proven := len(ls) > 0
+	oldest := int64(1<<63 - 1) // the oldest of the latest proofs
+	for _, l := range ls {
+		c := l.confirmed.Load()
+		if !l.subscribed.Load() || c == 0 {
+			proven = false
+			break
+		}
+		oldest = min(oldest, c)
+	}
+	next := int64(-1)
+	for _, g := range inv.gates {
+		end := oldest + int64(g.maxLag)
+		open := proven && now < end
+		g.open.Store(open)
+		if open && (next < 0 || end < next) {
+			next = end
+		}
+	}
+	if next >= 0 && inv.ctx.Err() == nil {
+		if inv.expiry == nil {
+			inv.expiry = time.AfterFunc(time.Duration(next-now), inv.recheck)
+		} else {
+			inv.expiry.Reset(time.Duration(next - now))
+		}
+	}
 }
 
 // A listener is the invalidation connection of one Redis master.
@@ -259,6 +329,7 @@ func (inv *invalidator) publish() {
 	}
 	inv.mu.Unlock()
 	inv.current.Store(&ls)
+	inv.recheck()
 }
 
 func (l *listener) close() {
@@ -325,6 +396,7 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 			}
 			if sent, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && sent > l.confirmed.Load() {
 				l.confirmed.Store(sent)
+				inv.recheck()
 			}
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == invalidationChannel {
@@ -333,6 +405,7 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 				// cache; serving resumes with the reply to a heartbeat sent
 				// from now on.
 				l.confirmed.Store(0)
+				inv.recheck()
 				inv.flush()
 				l.subscribed.Store(true)
 				lastPing = time.Time{}
@@ -388,6 +461,7 @@ func (inv *invalidator) down(ctx context.Context, l *listener, err error, backof
 	}
 	switch {
 	case l.subscribed.Swap(false):
+		inv.recheck()
 		inv.flush()
 		inv.report(fmt.Errorf("packcache: near cache: invalidation connection to %s lost, near cache emptied: %w", l.addrOr(), err))
 	case !l.failed.Swap(true):
@@ -469,4 +543,12 @@ func (inv *invalidator) close() {
 	}
 	inv.mu.Unlock()
 	inv.wg.Wait()
+	inv.gmu.Lock()
+	if inv.expiry != nil {
+		inv.expiry.Stop()
+	}
+	for _, g := range inv.gates {
+		g.open.Store(false)
+	}
+	inv.gmu.Unlock()
 }

@@ -3,6 +3,7 @@ package packcache
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -129,19 +130,15 @@ func (c *Cache[T]) leaseTTL() time.Duration { return c.loadTimeout + 2*c.redisTi
 // returns ok when the lease is in place; otherwise what the key holds
 // (a value, another lease) in s. err is a Redis failure.
 func (c *Cache[T]) acquire(ctx context.Context, key string, p *policy[T], lease, over string) (ok bool, s string, err error) {
-	rctx, cancel, b, ok := c.op(ctx, key)
-	defer cancel()
-	if !ok {
-		return false, "", circuitOpen("lease", key)
-	}
-	s, err = acquireScript.Run(rctx, c.rdb, []string{key}, lease, c.leaseTTL().Milliseconds(), over).Text()
-	b.feed(judgeRedis(ctx, err))
+	err = c.roundTrip(ctx, "lease", key, p, func(ctx context.Context) (err error) {
+		s, err = acquireScript.Run(ctx, c.rdb, []string{key}, lease, c.leaseTTL().Milliseconds(), over).Text()
+		return err
+	})
 	switch {
 	case err == redis.Nil:
 		return true, "", nil
 	case err != nil:
-		c.redisFailed(p, b, err)
-		return false, "", keyErr("lease", key, redisErr(err))
+		return false, "", err
 	}
 	return false, s, nil
 }
@@ -167,16 +164,13 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 // it wrote. A refusal means a write came after the load began; it is not
 // an error.
 func (c *Cache[T]) storeGuarded(ctx context.Context, key string, p *policy[T], g guard, stored []byte, ttl time.Duration) (bool, error) {
-	rctx, cancel, b, ok := c.op(ctx, key)
-	defer cancel()
-	if !ok {
-		return false, circuitOpen("set", key)
-	}
-	n, err := storeScript.Run(rctx, c.rdb, []string{key}, storeArgs(g, stored, ttl)...).Int()
-	b.feed(judgeRedis(ctx, err))
+	var n int
+	err := c.roundTrip(ctx, "set", key, p, func(ctx context.Context) (err error) {
+		n, err = storeScript.Run(ctx, c.rdb, []string{key}, storeArgs(g, stored, ttl)...).Int()
+		return err
+	})
 	if err != nil {
-		c.redisFailed(p, b, err)
-		return false, keyErr("set", key, redisErr(err))
+		return false, err
 	}
 	if n == 0 {
 		p.stats.superseded.Add(1)
@@ -201,16 +195,11 @@ func (c *Cache[T]) wrote(key string) {
 // release removes our lease from key if it is still there: the load it
 // stood for stores nothing.
 func (c *Cache[T]) release(ctx context.Context, key string, p *policy[T], lease string) {
-	rctx, cancel, b, ok := c.op(ctx, key)
-	defer cancel()
-	if !ok {
-		return // it expires by itself
-	}
-	err := releaseScript.Run(rctx, c.rdb, []string{key}, lease).Err()
-	b.feed(judgeRedis(ctx, err))
-	if err != nil {
-		c.redisFailed(p, b, err)
-		c.report(ctx, key, keyErr("lease", key, redisErr(err)))
+	err := c.roundTrip(ctx, "lease", key, p, func(ctx context.Context) error {
+		return releaseScript.Run(ctx, c.rdb, []string{key}, lease).Err()
+	})
+	if err != nil && !errors.Is(err, ErrCircuitOpen) { // else it expires by itself
+		c.report(ctx, key, err)
 	}
 }
 

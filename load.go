@@ -310,11 +310,8 @@ func (j loadJob[T]) run(ctx context.Context, cl *call[result[T]], live func() bo
 		if err == nil && g.kind != guardNone {
 			data, ok, serr := c.storeLoaded(sctx, key, p, g, v)
 			stored = ok
-			if serr != nil {
-				if c.strict || errors.Is(serr, ErrSerialization) || errors.Is(serr, ErrTooLarge) {
-					return result[T]{}, serr
-				}
-				c.report(ctx, key, serr)
+			if serr != nil && c.unstored(ctx, key, p, serr) {
+				return result[T]{}, serr
 			}
 			r.data = data
 		}
@@ -352,6 +349,24 @@ func (j loadJob[T]) run(ctx context.Context, cl *call[result[T]], live func() bo
 		}
 		return result[T]{}, err
 	}
+}
+
+// unstored handles a loaded value that could not be stored, and reports
+// whether the callers fail for it. A value the serializer cannot encode
+// fails them. A value too large to store (WithMaxValueSize) is theirs all
+// the same: it is counted and reported, and stored nowhere. A Redis
+// failure is reported, and fails them only with WithStrictRedis.
+func (c *Cache[T]) unstored(ctx context.Context, key string, p *policy[T], err error) (fail bool) {
+	switch {
+	case errors.Is(err, ErrSerialization):
+		return true
+	case errors.Is(err, ErrTooLarge):
+		p.stats.tooLarge.Add(1)
+	case c.strict:
+		return true
+	}
+	c.report(ctx, key, err)
+	return false
 }
 
 // isKeyError reports whether err is already an *Error naming key.
@@ -432,7 +447,7 @@ func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, don
 			case ok || s == own:
 				return guard{kind: guardLease, value: own}, false, r, nil
 			}
-			from = c.judge(key, p, s, nil, -1, true)
+			from = c.judge(key, p, reply{s: s, left: -1}, true)
 			if from.v == vLease && from.lease != j.token {
 				// Another load of this process took the lease between
 				// this one's read and now: its value is as new as this
@@ -449,15 +464,14 @@ func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, don
 
 // reread reads key again, for a load that must know what it holds now.
 func (c *Cache[T]) reread(ctx context.Context, key string, p *policy[T]) judgement[T] {
-	s, left, err := c.fetch(ctx, key, p)
-	return c.judge(key, p, s, err, left, true)
+	return c.judge(key, p, c.fetch(ctx, key, p), true)
 }
 
 // storeLoaded encodes v and stores it under g, and reports whether it was
 // written. It returns the serialized value when each caller decodes its
 // own.
 func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g guard, v T) ([]byte, bool, error) {
-	e, err := c.encode(ctx, key, p, v)
+	e, err := c.encode(ctx, "load", key, p, v)
 	if err != nil {
 		return nil, false, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -827,4 +828,55 @@ func TestHeapPerColdCall(t *testing.T) {
 	if inLoad > 8<<10 || inStore > 8<<10 {
 		t.Fatalf("heap per cold call: %d B loading, %d B storing; want at most 8 KiB", inLoad, inStore)
 	}
+}
+
+// TestLoadedValueTooLargeToStore: a loaded value that serializes to more
+// than WithMaxValueSize is returned to its callers, stored nowhere (the
+// lease does not stay behind), counted, and reported to the error handler
+// as ErrTooLarge naming the key and both sizes; by GetOrLoad and
+// GetOrLoadMany alike, on one node and on the cluster.
+func TestLoadedValueTooLargeToStore(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		var mu sync.Mutex
+		var reported []error
+		c := mustNew[Channel](t, tg.Client, packcache.WithMaxValueSize(1000),
+			packcache.WithErrorHandler(func(_ context.Context, _ string, err error) {
+				mu.Lock()
+				reported = append(reported, err)
+				mu.Unlock()
+			}))
+		big := makeChannel(1, 4000)
+		for _, call := range []string{"GetOrLoad", "GetOrLoadMany"} {
+			key := "too-large:" + call
+			var v Channel
+			var err error
+			if call == "GetOrLoad" {
+				v, err = c.GetOrLoad(ctx, key, func(context.Context) (Channel, error) { return big, nil })
+			} else {
+				var m map[string]Channel
+				m, err = c.GetOrLoadMany(ctx, []string{key}, func(_ context.Context, keys []string) (map[string]Channel, error) {
+					return map[string]Channel{keys[0]: big}, nil
+				})
+				v = m[key]
+			}
+			if err != nil || len(v.Messages) != len(big.Messages) {
+				t.Fatalf("%s of a value too large to store: %d messages, %v; want the loaded value", call, len(v.Messages), err)
+			}
+			if n, _ := tg.Client.Exists(ctx, key).Result(); n != 0 {
+				t.Fatalf("%s: Redis holds %q, want nothing (neither the value nor the lease)", call, tg.Client.Get(ctx, key).Val())
+			}
+			mu.Lock()
+			got := slices.Clone(reported)
+			reported = nil
+			mu.Unlock()
+			if len(got) != 1 || !errors.Is(got[0], packcache.ErrTooLarge) || !isKeyErr(got[0], key) ||
+				!strings.Contains(got[0].Error(), "too large to store") || !strings.Contains(got[0].Error(), "1000") {
+				t.Fatalf("%s reported %v; want one ErrTooLarge naming the key, the size and the limit", call, got)
+			}
+		}
+		if st := c.Stats(); st.TooLarge != 2 || st.LoadErrors != 0 {
+			t.Fatalf("stats: %d too large, %d load errors; want 2 and 0", st.TooLarge, st.LoadErrors)
+		}
+	})
 }

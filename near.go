@@ -117,6 +117,7 @@ type near[T any] struct {
 	lc      LocalCache
 	entries *otter.Cache[string, nearEntry[T]]
 	inv     *invalidator // the invalidation stream, shared by the cache's near caches; set by New before any call
+	gate    *gate        // whether it may serve now; set by New before any call
 	marks   *marks       // the cache's write marks, which tickets are checked against
 }
 
@@ -124,7 +125,10 @@ type nearEntry[T any] struct {
 	val    T
 	data   []byte // the serialized value, when each caller decodes its own
 	weight uint32
-	ttl    time.Duration
+	// expires is when the entry ends, in unix nanoseconds: given as a time,
+	// not a duration from when the entry is set, so that it ends then
+	// however long setting it takes.
+	expires int64
 }
 
 func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
@@ -137,7 +141,7 @@ func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
 		MaximumWeight: uint64(lc.MaxBytes),
 		Weigher:       func(_ string, e nearEntry[T]) uint32 { return e.weight },
 		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry[T]]) time.Duration {
-			return e.Value.ttl
+			return time.Duration(e.Value.expires - e.SnapshotAtNano)
 		}),
 	})
 	if err != nil {
@@ -148,7 +152,7 @@ func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
 
 // get returns key's entry if the near cache may serve it now.
 func (n *near[T]) get(key string) (nearEntry[T], bool) {
-	if !n.inv.serving(n.lc.MaxLag) {
+	if !n.gate.open.Load() {
 		return nearEntry[T]{}, false
 	}
 	return n.entries.GetIfPresent(key)
@@ -156,8 +160,8 @@ func (n *near[T]) get(key string) (nearEntry[T], bool) {
 
 // put keeps r as key's value if nothing invalidated key since ticket was
 // taken (before the read that produced r was sent). size is the value's
-// serialized length; ttl, if positive, caps the entry's life.
-func (n *near[T]) put(key string, t ticket, r result[T], size int, ttl time.Duration) {
+// serialized length; until, if not zero, is when the entry must end.
+func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Time) {
 	if !n.inv.servingKey(key, n.lc.MaxLag) || !n.marks.valid(key, t) {
 		return
 	}
@@ -168,10 +172,10 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, ttl time.Dura
 	if w <= 0 || int64(w) > n.lc.MaxBytes {
 		return
 	}
-	if ttl <= 0 || ttl > n.lc.TTL {
-		ttl = n.lc.TTL
+	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
+		until = most
 	}
-	e := nearEntry[T]{val: r.val, data: r.data, weight: uint32(min(w, 1<<32-1)), ttl: ttl}
+	e := nearEntry[T]{val: r.val, data: r.data, weight: uint32(min(w, 1<<32-1)), expires: until.UnixNano()}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.

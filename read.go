@@ -25,38 +25,50 @@ const (
 	vMiss                       // nothing stored
 	vUndecodable                // bytes this reader cannot decode
 	vUnavailable                // Redis failed, or the node's breaker is open
+	vCancelled                  // the caller's context ended before Redis answered
 )
 
 // A judgement is a verdict with what the reader needs to act on it.
 type judgement[T any] struct {
 	v       verdict
 	r       result[T]     // vHit and vStale: the value
-	err     error         // vUndecodable and vUnavailable: why, as an *Error
+	err     error         // vUndecodable and vUnavailable: why, as an *Error; vCancelled: the context's error
 	lease   string        // vLease: the lease value seen
 	digest  string        // vStale, vUndecodable, and a vHit due for refresh: the stored bytes' SHA-1
-	left    time.Duration // the value's time to live when read; -1 when unknown or unlimited
+	left    time.Duration // the value's time to live when read (0: it expires now); -1 when unknown or unlimited
+	expires time.Time     // when the value expires, counted from when the read was sent; zero when left is -1
 	refresh bool          // vHit: old enough for a background refresh
 }
 
 // judge is the one place that decides what a stored value means. It turns
 // a Redis reply for key (s and err, and left, the time the value has to
-// live, or -1 when unknown or unlimited) into a judgement, decoding the
+// live) into a judgement, decoding the
 // value. Get, GetOrLoad, GetMany, GetOrLoadMany and the loads all use it.
 // readThrough says whether the caller has a loader: only then is a digest
 // (for a guarded reload) or a refresh worth computing.
-func (c *Cache[T]) judge(key string, p *policy[T], s string, err error, left time.Duration, readThrough bool) judgement[T] {
-	switch {
+func (c *Cache[T]) judge(key string, p *policy[T], rp reply, readThrough bool) judgement[T] {
+	s, left := rp.s, rp.left
+	switch err := rp.err; {
 	case err == redis.Nil:
 		return judgement[T]{v: vMiss}
-	case err != nil:
+	case errors.Is(err, ErrRedis):
 		return judgement[T]{v: vUnavailable, err: err}
+	case err != nil:
+		return judgement[T]{v: vCancelled, err: err}
 	case len(s) == 1 && s[0] == codec.HeaderTombstone:
 		return judgement[T]{v: vTombstone}
 	case len(s) > 0 && s[0] == codec.HeaderLease:
 		return judgement[T]{v: vLease, lease: s}
 	}
 	j := judgement[T]{left: left}
-	if derr := c.decode(key, p, bytesOf(s), &j.r); derr != nil {
+	if left >= 0 {
+		j.expires = rp.sent.Add(left)
+	}
+	derr := c.decode(key, p, bytesOf(s), &j.r)
+	if left >= 0 {
+		j.r.expires = j.expires.UnixNano()
+	}
+	if derr != nil {
 		p.stats.decodeErrors.Add(1)
 		j.v, j.err = vUndecodable, derr
 	} else if p.staleFor > 0 && left >= 0 && left <= p.staleFor {
@@ -82,64 +94,59 @@ func digest(s string) string {
 // megabytes would be waste.
 func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
-// fetch reads key from Redis under the cache's time budget: the value, and
-// with left the time it has to live when the policy needs it (-1
-// otherwise, or when it has no expiry). It tells key's node's breaker what
-// the read says of the node, and does not try a node whose breaker is
-// open (err is then an ErrCircuitOpen).
-func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) (s string, left time.Duration, err error) {
-	left = -1
-	rctx, cancel, b, ok := c.op(ctx, key)
-	defer cancel()
-	if !ok {
-		return "", left, circuitOpen("get", key)
+// A reply is what Redis returned for one key: the stored value s, or err
+// (redis.Nil for none; an *Error matching ErrRedis; or the caller's own
+// context error), and, when the policy needs it, the time the value had
+// to live when the read was sent.
+type reply struct {
+	s   string
+	err error
+	// left is the value's time to live as PTTL reported it: 0 for a value
+	// that expires now (PTTL 0, or gone by the time PTTL ran), -1 when it
+	// has no expiry or was not asked for.
+	left time.Duration
+	// sent is when the read was sent, when left was asked for: the value
+	// expires no earlier than sent plus left.
+	sent time.Time
+}
+
+// fetch reads key from Redis (see roundTrip): the value, and its time to
+// live when the policy needs it.
+func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) reply {
+	rp := reply{left: -1}
+	if !p.needsPTTL() {
+		rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) (err error) {
+			rp.s, err = c.rdb.Get(ctx, key).Result()
+			return err
+		})
+		return rp
 	}
-	if p.needsPTTL() {
+	rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) (err error) {
 		pipe := c.rdb.Pipeline()
-		get := pipe.Get(rctx, key)
-		pttl := pipe.PTTL(rctx, key)
-		_, _ = pipe.Exec(rctx) // each command carries its own error
-		s, err = get.Result()
-		if err == nil {
-			if d, perr := pttl.Result(); perr == nil && d > 0 {
-				left = d
-			}
+		get := pipe.Get(ctx, key)
+		pttl := pipe.PTTL(ctx, key)
+		rp.sent = time.Now()
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		if rp.s, err = get.Result(); err == nil {
+			rp.left = ttlLeft(pttl)
 		}
-	} else {
-		s, err = c.rdb.Get(rctx, key).Result()
-	}
-	b.feed(judgeRedis(ctx, err))
-	if err != nil && err != redis.Nil {
-		c.redisFailed(p, b, err)
-		err = keyErr("get", key, redisErr(err))
-	}
-	return s, left, err
+		return err
+	})
+	return rp
 }
 
-// budget returns the context for one Redis call made for ctx: ctx bounded
-// by the cache's Redis time budget, unless ctx's own deadline comes first.
-func (c *Cache[T]) budget(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= c.redisTimeout {
-		return ctx, func() {}
+// ttlLeft turns a PTTL reply into a reply's left.
+func ttlLeft(pttl *redis.DurationCmd) time.Duration {
+	d, err := pttl.Result()
+	switch {
+	case err != nil:
+		return 0 // unknown: take it as expiring now, so that it is kept nowhere
+	case d == -1:
+		return -1 // no expiry
+	case d < 0:
+		return 0 // gone between the GET and the PTTL
 	}
-	return context.WithTimeout(ctx, c.redisTimeout)
-}
-
-// op prepares one Redis operation on key for ctx: the context bounded by
-// the budget, which also bounds finding key's node (on a Cluster whose slot
-// map the client has yet to load, that is itself a Redis call), and the
-// node's breaker; ok is false when the breaker is open and the operation
-// must not be tried. The caller calls cancel when the operation is done.
-func (c *Cache[T]) op(ctx context.Context, key string) (rctx context.Context, cancel context.CancelFunc, b *breaker, ok bool) {
-	rctx, cancel = c.budget(ctx)
-	b = c.nodes.forKey(rctx, key)
-	return rctx, cancel, b, b.allow()
-}
-
-// circuitOpen is the error of a call that did not try key's node because
-// its breaker is open.
-func circuitOpen(op, key string) error {
-	return keyErr(op, key, &kindError{ErrRedis, ErrCircuitOpen})
+	return d
 }
 
 // decode turns a stored value into a result, written into r: the caller's
@@ -234,9 +241,12 @@ func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, sha
 	c.observeRead(p, r, err, shared || r.joined)
 	switch {
 	case err == nil:
-		if r.from == fromLoader {
+		switch r.from {
+		case fromLoader:
 			p.stats.misses.Add(1)
-		} else {
+		case fromNear:
+			p.stats.nearHits.Add(1)
+		default:
 			p.stats.hits.Add(1)
 		}
 	case errors.Is(err, ErrMiss):

@@ -13,13 +13,8 @@ import "sync/atomic"
 // A load is the exception: it is shared, while under way, with exactly
 // the callers whose own read found that load's lease in Redis, which
 // proves that no write has come since it began.
-type share[V any] struct {
+type share[V shareable] struct {
 	window int64 // nanoseconds
-
-	// keep says whether a finished result may be shared for the rest of
-	// the window: values and misses may; errors are not, so that the next
-	// caller tries again.
-	keep func(v V, err error) bool
 
 	held []heldCall[V] // finished calls still shared, in the order they finished
 
@@ -33,6 +28,12 @@ type share[V any] struct {
 }
 
 const hotSlots = 64
+
+// A shareable result says until when it may be shared once its work has
+// finished (see result.shareUntil).
+type shareable interface {
+	shareUntil(err error) int64
+}
 
 // slot returns key's hot slot. Keys are spread by FNV-1a: which keys
 // share a slot matters little, as a slot is checked against its key.
@@ -53,7 +54,7 @@ func (s *share[V]) slot(key string) *atomic.Pointer[call[V]] {
 // are final.
 func (s *share[V]) lookHot(key string, now int64) (*call[V], bool) {
 	c := s.slot(key).Load()
-	if c == nil || c.key != key || now >= c.began+s.window || c.detached.Load() {
+	if c == nil || c.key != key || now >= c.until.Load() || c.detached.Load() {
 		return nil, false
 	}
 	return c, true
@@ -68,23 +69,23 @@ type heldCall[V any] struct {
 // (Loads are joined by their token; see group.acquire.) The group's mutex
 // is held.
 func (s *share[V]) joinable(c *call[V], now int64) bool {
-	if !c.finished {
-		if s.window == 0 {
-			return !c.sealed.Load()
-		}
-		return now < c.began+s.window
+	if !c.finished && s.window == 0 {
+		return !c.sealed.Load()
 	}
-	return now < c.began+s.window
+	return now < c.until.Load()
 }
 
 // hold keeps the finished call c shared for the rest of its window, if it
 // has any left and its result may be kept, and reports whether it does.
 // The group's mutex is held.
 func (s *share[V]) hold(key string, c *call[V], now int64) bool {
-	if s.window == 0 || c.token != "" || c.detached.Load() || now >= c.began+s.window || s.keep == nil || !s.keep(c.val, c.err) {
+	until := min(c.began+s.window, c.val.shareUntil(c.err))
+	if s.window == 0 || c.token != "" || c.detached.Load() || now >= until {
+		c.until.Store(0)
 		s.cool(key, c)
 		return false
 	}
+	c.until.Store(until)
 	s.held = append(s.held, heldCall[V]{key, c})
 	return true
 }

@@ -29,7 +29,7 @@ var errGoexit = errors.New("packcache: loader called runtime.Goexit")
 //
 // V is the result; A is what the work function takes, passed by value so
 // that the uncontended path allocates no closure.
-type group[V, A any] struct {
+type group[V shareable, A any] struct {
 	mu sync.Mutex
 	m  map[string]*call[V] // the latest call of each key
 	share[V]
@@ -56,11 +56,12 @@ type call[V any] struct {
 	finished bool
 	val      V
 	err      error
-	began    int64       // unix nanoseconds the work began
-	key      string      // set when held in a hot slot (see share)
-	token    string      // for loads: the state the load began from; joins must match it
-	detached atomic.Bool // a write came after it began: no one may join it
-	prev     *call[V]    // for loads: the call of the key under way when this one began
+	began    int64        // unix nanoseconds the work began
+	until    atomic.Int64 // unix nanoseconds: callers arriving from then on do not share it
+	key      string       // set when held in a hot slot (see share)
+	token    string       // for loads: the state the load began from; joins must match it
+	detached atomic.Bool  // a write came after it began: no one may join it
+	prev     *call[V]     // for loads: the call of the key under way when this one began
 
 	// sealed is set once a read's reply has arrived: with a share window
 	// of zero, only callers that come while the read itself is in flight
@@ -100,6 +101,7 @@ func (g *group[V, A]) acquire(key string, now int64, token string, leaderWaits b
 	}
 	if !ok {
 		c = &call[V]{began: now, token: token}
+		c.until.Store(now + g.window)
 		if token == "" && g.window > 0 {
 			// A read that others may share: findable without the mutex
 			// (see share), with a channel to wait on made at once.

@@ -10,22 +10,33 @@ import (
 	"time"
 )
 
-type testGroup = group[int, func(context.Context) (int, error)]
+type testGroup = group[ival, func(context.Context) (int, error)]
+
+// ival is an int result, shared for the whole window unless it is an
+// error.
+type ival int
+
+func (ival) shareUntil(err error) int64 {
+	if err != nil {
+		return 0
+	}
+	return 1<<63 - 1
+}
 
 func newGroup(window time.Duration) *testGroup {
 	g := &testGroup{}
 	g.window = int64(window)
-	g.keep = func(_ int, err error) bool { return err == nil }
 	return g
 }
 
-func callFn(ctx context.Context, fn func(context.Context) (int, error), _ *call[int]) (int, error) {
-	return fn(ctx)
+func callFn(ctx context.Context, fn func(context.Context) (int, error), _ *call[ival]) (ival, error) {
+	v, err := fn(ctx)
+	return ival(v), err
 }
 
 // do adapts the group's allocation-free calling convention to closures,
 // which are handier in tests.
-func do(g *testGroup, ctx context.Context, key string, fn func(context.Context) (int, error)) (int, error, bool) {
+func do(g *testGroup, ctx context.Context, key string, fn func(context.Context) (int, error)) (ival, error, bool) {
 	return g.do(ctx, key, fn, callFn, nil)
 }
 
@@ -157,7 +168,7 @@ func TestGroupWindowBoundsSlowWork(t *testing.T) {
 	}
 	ctx := context.Background()
 	first := make(chan int)
-	go func() { v, _, _ := do(g, ctx, "k", slow); first <- v }()
+	go func() { v, _, _ := do(g, ctx, "k", slow); first <- int(v) }()
 	waitRegistered(g, "k")
 	time.Sleep(60 * time.Millisecond)
 	if v, _, shared := do(g, ctx, "k", slow); v != 2 || shared {
@@ -186,11 +197,11 @@ func TestGroupZeroWindow(t *testing.T) {
 	}
 	ctx := context.Background()
 	first := make(chan int)
-	go func() { v, _, _ := do(g, ctx, "k", fn); first <- v }()
+	go func() { v, _, _ := do(g, ctx, "k", fn); first <- int(v) }()
 	waitRegistered(g, "k")
 	time.Sleep(30 * time.Millisecond)
 	joined := make(chan int)
-	go func() { v, _, _ := do(g, ctx, "k", fn); joined <- v }()
+	go func() { v, _, _ := do(g, ctx, "k", fn); joined <- int(v) }()
 	time.Sleep(20 * time.Millisecond)
 	close(release)
 	if a, b := <-first, <-joined; a != 1 || b != 1 {
@@ -240,7 +251,7 @@ func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
 		return 7, nil
 	}
 	leader := make(chan int)
-	go func() { v, _, _ := do(g, context.Background(), "k", fn); leader <- v }()
+	go func() { v, _, _ := do(g, context.Background(), "k", fn); leader <- int(v) }()
 	<-started
 	var wg sync.WaitGroup
 	var wrong atomic.Int64

@@ -21,8 +21,8 @@ type Stats struct {
 
 // Counters counts what a cache did since it was created.
 type Counters struct {
-	Hits         uint64 // Get and GetMany calls answered from Redis or the near cache
-	NearHits     uint64 // of those, answered by the near cache
+	Hits         uint64 // Get and GetMany calls answered with a value read from Redis
+	NearHits     uint64 // Get and GetMany calls answered by the near cache (not counted in Hits)
 	NearBytes    uint64 // estimated bytes the near caches hold now (WithLocalCache; in the total only)
 	Misses       uint64 // lookups that found no value
 	Sets         uint64 // values written
@@ -42,6 +42,10 @@ type Counters struct {
 	// write won, as it must.
 	Superseded uint64
 
+	// TooLarge counts loaded values not stored because they serialize to
+	// more than WithMaxValueSize: their callers got them all the same.
+	TooLarge uint64
+
 	// Codecs counts written values by the codec they were stored with;
 	// values stored uncompressed count under "none".
 	Codecs map[string]CodecStats
@@ -59,6 +63,7 @@ type counters struct {
 	nearHits                                        atomic.Uint64
 	loads, loadErrors, notFoundHits, coalescedWaits atomic.Uint64
 	lockWaits, refreshes, staleServes, superseded   atomic.Uint64
+	tooLarge                                        atomic.Uint64
 	codecs                                          [256]codecCounters
 }
 
@@ -89,6 +94,7 @@ func (c *counters) snapshot() Counters {
 		Refreshes:      c.refreshes.Load(),
 		StaleServes:    c.staleServes.Load(),
 		Superseded:     c.superseded.Load(),
+		TooLarge:       c.tooLarge.Load(),
 		Codecs:         map[string]CodecStats{},
 	}
 	for id := range c.codecs {
@@ -125,6 +131,7 @@ func (s *Counters) add(o Counters) {
 	s.Refreshes += o.Refreshes
 	s.StaleServes += o.StaleServes
 	s.Superseded += o.Superseded
+	s.TooLarge += o.TooLarge
 	if s.Codecs == nil {
 		s.Codecs = map[string]CodecStats{}
 	}

@@ -58,7 +58,10 @@ func (e *encoded) detach() {
 // size is above the threshold and compression saves at least MinSaving
 // bytes, otherwise plain (verbatim for text serializers, behind the none
 // header otherwise). The caller releases the result.
-func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T) (e encoded, err error) {
+//
+// op names the call in errors: "set" for a write of the caller's, "load"
+// for the store of a loaded value.
+func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T) (e encoded, err error) {
 	var start time.Time
 	if c.obs != nil {
 		start = time.Now()
@@ -73,14 +76,14 @@ func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T) (e
 	payload, err := c.marshal((*sbuf)[:0], v)
 	if err != nil {
 		e.release()
-		return e, keyErr("set", key, err)
+		return e, keyErr(op, key, err)
 	}
 	if !c.raw {
 		*sbuf = payload[:0]
 	}
 	if len(payload) > c.maxSize {
 		e.release()
-		return e, keyErr("set", key, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), c.maxSize))
+		return e, keyErr(op, key, &kindError{ErrTooLarge, fmt.Errorf("too large to store: %d bytes serialized, over the limit of %d (WithMaxValueSize)", len(payload), c.maxSize)})
 	}
 	e.payload = payload
 	verbatim := (c.raw || c.ser.Text()) && codec.Plain(payload)
@@ -98,7 +101,7 @@ func (c *Cache[T]) encode(ctx context.Context, key string, p *policy[T], v T) (e
 				return e, nil
 			}
 		} else {
-			c.report(ctx, key, keyErr("set", key, cerr))
+			c.report(ctx, key, keyErr(op, key, cerr))
 		}
 	}
 	if verbatim {
@@ -139,19 +142,13 @@ func redisTTL(ttl time.Duration) time.Duration {
 // which overwrites any value and any lease, so that no load begun before
 // it can store its value afterwards (see lease.go).
 func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []byte, ttl time.Duration) error {
-	rctx, cancel, b, ok := c.op(ctx, key)
-	defer cancel()
-	if !ok {
-		return circuitOpen("set", key)
+	err := c.roundTrip(ctx, "set", key, p, func(ctx context.Context) error {
+		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
+	})
+	if err == nil {
+		p.stats.sets.Add(1)
 	}
-	err := c.rdb.Set(rctx, key, stored, redisTTL(ttl)).Err()
-	b.feed(judgeRedis(ctx, err))
-	if err != nil {
-		c.redisFailed(p, b, err)
-		return keyErr("set", key, redisErr(err))
-	}
-	p.stats.sets.Add(1)
-	return nil
+	return err
 }
 
 // forget ends, in this process, the sharing of every read and load of key
