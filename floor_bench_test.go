@@ -103,6 +103,22 @@ func BenchmarkFloor(b *testing.B) {
 			}
 		}
 	})
+	b.Run("raw/impl=floor-fresh", func(b *testing.B) {
+		// As the floor, but into a slice of the caller's own, as a Get
+		// of []byte must return.
+		b.SetBytes(int64(len(raw)))
+		b.ReportAllocs()
+		for b.Loop() {
+			data, err := rdb.Get(ctx, "floor:hand").Bytes()
+			if err != nil {
+				b.Fatal(err)
+			}
+			v, err := dec.DecodeAll(data[1:], make([]byte, 0, len(raw)+32))
+			if err != nil || len(v) != len(raw) {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("near/impl=packcache", func(b *testing.B) {
 		redistest.RequireServer(b, "the near cache needs CLIENT TRACKING")
 		c := mustNew[Channel](b, rdb, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Hour, MaxLag: time.Minute}))
