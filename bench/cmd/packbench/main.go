@@ -10,7 +10,7 @@
 // persistence) and stops it on exit. With REDIS_ADDR it uses that server
 // instead, writes only keys under a unique prefix and deletes only those
 // (but for rueidisaside's client marker, a key rueidisid:<random> with a
-// 10 s TTL, which its Close deletes); it never runs FLUSHALL on a server it
+// TTL of an hour, which its Close deletes); it never runs FLUSHALL on a server it
 // did not start.
 //
 // With -net (Linux, root, iproute2) it starts redis-server inside a network

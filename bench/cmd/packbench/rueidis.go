@@ -58,6 +58,13 @@ func rueidisVersion() string {
 // stores the values its loader returns with it (SET PX).
 const rueidisTTL = time.Minute
 
+// asideClientTTL is rueidisaside's ClientTTL, the TTL of its client
+// marker (rueidisid:<random>), which it refreshes every ClientTTL/2 by a
+// SET: an hour, not the default 10 s, so that no refresh falls in another
+// subject's INFO commandstats counts (packcache's cold surge target counts
+// SETs).
+const asideClientTTL = time.Hour
+
 // rueidisOption is the rueidis client option every rueidis subject uses:
 // RESP3 and CLIENT TRACKING ON OPTIN (DoCache sends CLIENT CACHING YES
 // with each read of Redis), rueidis's defaults, which Redis 6.0 and later
@@ -174,6 +181,7 @@ func asidePeer(e *env, name string, ch Channel) (*peer, error) {
 	c := &countingClient{}
 	ca, err := rueidisaside.NewClient(rueidisaside.ClientOption{
 		ClientOption: rueidisOption(e.addr),
+		ClientTTL:    asideClientTTL,
 		ClientBuilder: func(opt rueidis.ClientOption) (rueidis.Client, error) {
 			rc, err := rueidis.NewClient(opt)
 			if err != nil {
@@ -271,7 +279,7 @@ func newRueidisMisses(ctx context.Context, e *env, di int, doc []byte, next func
 	if err != nil {
 		return nil, fmt.Errorf("rueidis: %w", err)
 	}
-	ca, err := rueidisaside.NewClient(rueidisaside.ClientOption{ClientOption: rueidisOption(e.addr)})
+	ca, err := rueidisaside.NewClient(rueidisaside.ClientOption{ClientOption: rueidisOption(e.addr), ClientTTL: asideClientTTL})
 	if err != nil {
 		rc.Close()
 		return nil, fmt.Errorf("rueidisaside: %w", err)
