@@ -1,14 +1,17 @@
-// Command packbench measures packcache against hand-written go-redis code
-// and github.com/go-redis/cache: stored sizes per codec, compression
-// break-even, Set/Get cost, bulk load, Redis memory, request surges, the
-// near cache (Get throughput of a hot key, how soon another process's
+// Command packbench measures packcache against hand-written go-redis code,
+// github.com/go-redis/cache and github.com/redis/rueidis (its client-side
+// caching, DoCache, and rueidisaside; see rueidis.go): stored sizes per
+// codec, compression break-even, Set/Get cost, bulk load, Redis memory,
+// request surges, the near cache (Get throughput of a hot key, how soon another process's
 // write is seen, a surge), and a list of performance targets. Every suite
 // prints a markdown table.
 //
 // By default it starts its own redis-server on a free 127.0.0.1 port (no
 // persistence) and stops it on exit. With REDIS_ADDR it uses that server
-// instead, writes only keys under a unique prefix and deletes only those; it
-// never runs FLUSHALL on a server it did not start.
+// instead, writes only keys under a unique prefix and deletes only those
+// (but for rueidisaside's client marker, a key rueidisid:<random> with a
+// TTL of an hour, which its Close deletes); it never runs FLUSHALL on a server it
+// did not start.
 //
 // With -net (Linux, root, iproute2) it starts redis-server inside a network
 // namespace of its own instead, reached over a veth pair shaped with tbf at

@@ -91,6 +91,10 @@ type getSubject struct {
 	hits  func() uint64 // near hits so far; nil for go-redis/cache
 	near  bool          // it has a near cache
 	close func()
+
+	// refill, if set, waits after a write for the near cache to serve
+	// what Redis holds (rueidis: awaitRefill); awaitNear otherwise.
+	refill func(get func() error) error
 }
 
 func packcacheGetSubject(rdb *redis.Client, name string, opts ...packcache.Option) (*getSubject, error) {
@@ -225,8 +229,9 @@ func (e *env) suiteNear(ctx context.Context) error {
 		res.maxLag = nearLocal.MaxLag
 	}
 	e.header("near", fmt.Sprintf("The near cache: packcache.Cache[Channel] with WithLocalCache(LocalCache{MaxBytes: %d << 20, TTL: %v}) keeps decoded values in process, kept fresh by Redis CLIENT TRACKING invalidations; one hot %d-byte channel. "+
-		"Against packcache default (the share window: a read of Redis at most every %v, shared), packcache WithShareWindow(0) (a read of Redis and a decode per Get, unless a read is in flight), and go-redis/cache v9 with its local TinyLFU (cache.NewTinyLFU(1000, time.Minute): it keeps the serialized bytes and decodes them on every Get).",
-		nearLocal.MaxBytes>>20, nearLocal.TTL, len(raw), packcache.DefaultShareWindow))
+		"Against packcache default (the share window: a read of Redis at most every %v, shared), packcache WithShareWindow(0) (a read of Redis and a decode per Get, unless a read is in flight), and go-redis/cache v9 with its local TinyLFU (cache.NewTinyLFU(1000, time.Minute): it keeps the serialized bytes and decodes them on every Get). "+
+		"And rueidis (%s) with client-side caching, kept fresh by CLIENT TRACKING invalidations too (RESP3, OPTIN; client-side TTL %v): %s (a DoCache of GET) and %s (rueidisaside's Get over DoCache); they store what packcache stores and keep the reply, those bytes, shared by every Get, which decodes them (zstd, packcache.JSON), where packcache's near cache keeps the decoded value and hands it out.",
+		nearLocal.MaxBytes>>20, nearLocal.TTL, len(raw), packcache.DefaultShareWindow, rueidisVersion(), rueidisTTL, nRueidis, nAside))
 	if err := e.nearRate(ctx, ch, rateFor, res); err != nil {
 		return err
 	}
@@ -264,13 +269,25 @@ func (e *env) nearRate(ctx context.Context, ch Channel, d time.Duration, res *ne
 		subjects = append(subjects, s)
 	}
 	subjects = append(subjects, goCacheGetSubject(e, nGCLocal, true, ch))
+	rs, err := rueidisGetSubjects(e, ch)
+	if err != nil {
+		return err
+	}
+	subjects = append(subjects, rs...)
 	for _, s := range subjects {
 		key := e.key("near", "rate", s.name)
 		if err := s.set(ctx, key, ch); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		if s.near {
-			if err := awaitNear(func() error { _, err := s.get(ctx, key); return err }, s.hits); err != nil {
+			get := func() error { _, err := s.get(ctx, key); return err }
+			var err error
+			if s.refill != nil {
+				err = s.refill(get)
+			} else {
+				err = awaitNear(get, s.hits)
+			}
+			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 		}
@@ -300,7 +317,7 @@ func (e *env) nearRate(ctx context.Context, ch Channel, d time.Duration, res *ne
 		}
 	}
 
-	fmt.Fprintf(e.out, "### near: Gets per second of one hot key\n\nEach subject Gets the key in a loop for %v, on 1 goroutine and on 16; Get/s: median (min–max) of %d runs, the runs of all subjects interleaved. Redis GETs per Get: INFO commandstats delta. Near hits: Gets answered by the near cache (Stats().NearHits). Allocs per Get: runtime.MemStats.Mallocs over all runs (whole process). Ratio: median Get/s over go-redis/cache + TinyLFU's in the same run.\n\n", d, e.cfg.reps)
+	fmt.Fprintf(e.out, "### near: Gets per second of one hot key\n\nEach subject Gets the key in a loop for %v, on 1 goroutine and on 16; Get/s: median (min–max) of %d runs, the runs of all subjects interleaved. Redis GETs per Get: INFO commandstats delta. Near hits: Gets answered by the near cache (Stats().NearHits; for rueidis, DoCache answers from its client-side cache, RedisResult.IsCacheHit). Allocs per Get: runtime.MemStats.Mallocs over all runs (whole process). Ratio: median Get/s over go-redis/cache + TinyLFU's in the same run.\n\n", d, e.cfg.reps)
 	fmt.Fprintln(e.out, "| subject | goroutines | Get/s | µs per Get | Redis GETs per Get | near hits | allocs per Get | ratio to go-redis/cache + TinyLFU |")
 	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|--:|--:|--:|")
 	for _, w := range workers {
@@ -329,7 +346,22 @@ func (e *env) nearRate(ctx context.Context, ch Channel, d time.Duration, res *ne
 				float64(gets)/float64(ops), near, float64(mallocs)/float64(ops), fmtRatio(sp.med/spreadOf(rateOf(samples[nGCLocal][w])).med))
 		}
 	}
+	fmt.Fprintf(e.out, "\n%s every Get of %s, %s and go-redis/cache + TinyLFU decodes the stored bytes it keeps (zstd and packcache.JSON; go-redis/cache: s2 and msgpack), so their Get/s is a decode's, and each caller gets a value of its own; packcache WithLocalCache and default hand every Get one decoded value they keep, shared by its callers (read-only, unless WithDecodePerCaller), so theirs is a lookup's.\n", notLikeForLike, nRueidis, nAside)
 	return nil
+}
+
+// rueidisGetSubjects are the near suite's rueidis subjects.
+func rueidisGetSubjects(e *env, ch Channel) ([]*getSubject, error) {
+	rp, err := rueidisPeer(e, nRueidis, ch)
+	if err != nil {
+		return nil, err
+	}
+	ap, err := asidePeer(e, nAside, ch)
+	if err != nil {
+		rp.close()
+		return nil, err
+	}
+	return []*getSubject{rueidisGetSubject(rp, nRueidis), rueidisGetSubject(ap, nAside)}, nil
 }
 
 func rateOf(rs []rateSample) []float64 {
@@ -445,6 +477,12 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 	}
 	gcl := goCacheGetSubject(e, nGCLocal, true, ch)
 	readers = append(readers, gcl)
+	rs, err := rueidisGetSubjects(e, ch)
+	if err != nil {
+		return err
+	}
+	readers = append(readers, rs...)
+	rds, aside := rs[0], rs[1]
 
 	type run struct {
 		s      *getSubject
@@ -460,6 +498,11 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 		{def, pcWrite, writes, gapSettled},
 		{noWin, pcWrite, writes, gapSettled},
 		{gcl, gcWrite, gcWrites, gapSettled},
+		// rueidis reads packcache's stored format: the same writer.
+		{rds, pcWrite, writes, gapSettled},
+		{rds, pcWrite, writes, gapSoon},
+		{aside, pcWrite, writes, gapSettled},
+		{aside, pcWrite, writes, gapSoon},
 	}
 	var results []*latResult
 	for _, r := range runs {
@@ -518,7 +561,7 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 		}
 	}
 
-	fmt.Fprintf(e.out, "\n### near: another process's write, seen\n\nA second go-redis client with connections of its own (another process, as far as Redis can tell) Sets a new value of the channel, through packcache (go-redis/cache for go-redis/cache's row). The reader Gets in a tight loop throughout, as a hot key's readers do; the time runs from the Set's return to the first Get that returns the new value, so it includes that Get's own read of Redis and decode. Each write comes a random gap after the reader first saw the previous one (and, for the near caches, once the near cache serves again). A write not seen within %v counts as unseen. Bounds: the near cache's is MaxLag (%v) for writes Redis completed before a Get began; the share window's is the window (%v): a Get may share a read begun up to a window earlier, and with the near cache that includes the read that filled it, which the \"%v\" rows show.\n\n",
+	fmt.Fprintf(e.out, "\n### near: another process's write, seen\n\nA second go-redis client with connections of its own (another process, as far as Redis can tell) Sets a new value of the channel, through packcache (go-redis/cache for go-redis/cache's row; the rueidis rows read what packcache writes). The reader Gets in a tight loop throughout, as a hot key's readers do; the time runs from the Set's return to the first Get that returns the new value, so it includes that Get's own read of Redis and decode. Each write comes a random gap after the reader first saw the previous one (and, for the near caches, once the near cache serves again). A write not seen within %v counts as unseen. Bounds: the near cache's is MaxLag (%v) for writes Redis completed before a Get began; the share window's is the window (%v): a Get may share a read begun up to a window earlier, and with the near cache that includes the read that filled it, which the \"%v\" rows show.\n\n",
 		bound, res.maxLag, packcache.DefaultShareWindow, (&latResult{gap: gapSoon}).gapText())
 	fmt.Fprintln(e.out, "| subject | gap before each write | writes | seen | p50 | p99 | max |")
 	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|--:|--:|")
@@ -534,6 +577,7 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 		}
 		fmt.Fprintf(e.out, "| %s | %s | %d | %d | %s | %s | %s |\n", name, l.gapText(), l.writes, len(l.seen), fmtLat(l.pct(50)), fmtLat(l.pct(99)), fmtLat(l.seen[len(l.seen)-1]))
 	}
+	fmt.Fprintf(e.out, "\n%s the time includes the Get that returns the new value, and what that Get does differs: with packcache's near cache, a read of Redis and a decode of the new value, which it then keeps; with %s and %s, a read of Redis (CLIENT CACHING YES, MULTI, PTTL, GET, EXEC in one write) and a decode, after which the bytes are kept and every later Get decodes them again. The invalidations differ in kind too: packcache's near cache has CLIENT TRACKING in broadcast mode (BCAST, by key prefix) on a connection of its own; rueidis tracks the keys each connection read (OPTIN) and gets their invalidations on that connection. Either way a goroutine of the reading process reads the invalidation, and the wait for it to run counts: the rueidis readers here decode in a tight loop (each Get a decode), and their long tail is most likely that wait: a check outside packbench, with such a reader, found a bare net.Conn in the same process reading the invalidation as late as rueidis did, and a client in another process reading it within a few ms.\n", notLikeForLike, nRueidis, nAside)
 	return nil
 }
 
@@ -552,7 +596,20 @@ func (e *env) nearSurge(ctx context.Context, ch Channel, res *nearResults) error
 	defer near.close()
 	gc := goCachePeer(e, nGCOnce, false, ch).surgeSubject(ch)
 	gcl := goCachePeer(e, nGCLOnce, true, ch).surgeSubject(ch)
-	subjects := []*surgeSubject{def, near, gc, gcl, noopSubject()}
+	subjects := []*surgeSubject{def, near, gc, gcl}
+	for _, mk := range []struct {
+		name string
+		f    func(*env, string, Channel) (*peer, error)
+	}{{nRueidis, rueidisPeer}, {nAside, asidePeer}} {
+		p, err := mk.f(e, mk.name, ch)
+		if err != nil {
+			return err
+		}
+		s := p.rueidisNearSurgeSubject(ch)
+		defer s.close()
+		subjects = append(subjects, s)
+	}
+	subjects = append(subjects, noopSubject())
 	reps := min(e.cfg.reps, 3)
 	for range reps {
 		for _, s := range subjects {
@@ -587,7 +644,7 @@ func (e *env) nearSurge(ctx context.Context, ch Channel, res *nearResults) error
 		}
 	}
 
-	fmt.Fprintf(e.out, "\n### near: a surge on one warm key\n\n%d goroutines released at once on the warm key (stored; for the near cache, also served by it before the release), each one Get (go-redis/cache: Once), %d times, the subjects interleaved. Wall, p50, p99: median (min–max for wall) over the runs; Redis GETs, decodes, peak heap growth: the most in any run; near hits: the fewest; errors: all runs. A cold surge is the same with and without the near cache: a loaded value is stored, which is a write, and enters the near cache only when a Get reads it back.\n\n", e.cfg.surgeN, reps)
+	fmt.Fprintf(e.out, "\n### near: a surge on one warm key\n\n%d goroutines released at once on the warm key (stored; for the near cache and rueidis, also served by it before the release), each one Get (go-redis/cache: Once; rueidisaside: its Get with a loader), %d times, the subjects interleaved. Wall, p50, p99: median (min–max for wall) over the runs; Redis GETs, decodes, peak heap growth: the most in any run; near hits: the fewest; errors: all runs. A cold surge is the same with and without the near cache: a loaded value is stored, which is a write, and enters the near cache only when a Get reads it back.\n\n", e.cfg.surgeN, reps)
 	fmt.Fprintln(e.out, "| subject | wall ms | p50 ms | p99 ms | Redis GETs | decodes | near hits | peak heap growth MiB | errors | go-redis/cache Once wall ÷ this |")
 	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	gcWall := surgeWall(res.surge[nGCOnce]).med
@@ -614,6 +671,9 @@ func (e *env) nearSurge(ctx context.Context, ch Channel, res *nearResults) error
 	gclWall := surgeWall(res.surge[nGCLOnce]).med
 	fmt.Fprintf(e.out, "\ngo-redis/cache Once took %s as long as packcache default and %s as long as packcache with the near cache; go-redis/cache + TinyLFU Once, %s and %s. The near cache's surge took %s of the default's.\n",
 		fmtRatio(gcWall/dw), fmtRatio(gcWall/nw), fmtRatio(gclWall/dw), fmtRatio(gclWall/nw), fmtRatio(nw/dw))
+	rw, aw := surgeWall(res.surge[nRueidis]).med, surgeWall(res.surge[nAside]).med
+	fmt.Fprintf(e.out, "%s took %s as long as packcache with the near cache, and %s %s.\n", nRueidis, fmtRatio(rw/nw), nAside, fmtRatio(aw/nw))
+	fmt.Fprintf(e.out, "\n%s a Get of %s or %s that its client-side cache answers (near hits) reads no Redis, as the near cache's do, but decodes the cached bytes (the decodes column), where the near cache hands every Get the one decoded value it keeps, shared: the walls compare a decode per Get with none.\n", notLikeForLike, nRueidis, nAside)
 	return nil
 }
 

@@ -27,6 +27,8 @@ type peer struct {
 	loads   *atomic.Int64
 	decodes *atomic.Int64
 	close   func()
+
+	csc *countingClient // rueidis peers: DoCache's client-side cache hits and misses
 }
 
 type peerRow struct {
@@ -279,11 +281,22 @@ func (e *env) suitePeers(ctx context.Context) error {
 			p.close()
 		}
 	}()
+	for _, mk := range []struct {
+		name string
+		f    func(*env, string, Channel) (*peer, error)
+	}{{pRueidis, rueidisPeer}, {pAside, asidePeer}} {
+		p, err := mk.f(e, mk.name, ch)
+		if err != nil {
+			return err
+		}
+		peers = append(peers, p)
+	}
 
 	res := peerResults{rows: map[string]peerRow{}, surge: map[string]surgeResult{}, size: len(raw)}
 	e.header("peers", fmt.Sprintf("One %d-byte chat channel (Channel struct). (a) uses encoding/json; (b) uses packcache.JSON, packcache's default serializer (goccy/go-json at the time of writing), so it differs from packcache only in the cache machinery. Sequential Set then Get of one key: ns/op median (min–max) of %d runs of %d ops, the runs of all peers interleaved; allocs/op from runtime.MemStats.Mallocs (whole process, so go-redis's allocations count). "+
-		"packcache default keeps a finished read shared for 10 ms (WithShareWindow), so its sequential Gets of one key mostly skip Redis; the WithShareWindow(0) row reads Redis and decodes on every Get (the hit path). go-redis/cache + TinyLFU answers Gets from its local cache but still decodes each time. Get ratio = packcache default / peer; hit-path ratio = packcache WithShareWindow(0) / peer.",
-		len(raw), e.cfg.reps, n))
+		"packcache default keeps a finished read shared for 10 ms (WithShareWindow), so its sequential Gets of one key mostly skip Redis; the WithShareWindow(0) row reads Redis and decodes on every Get (the hit path). go-redis/cache + TinyLFU answers Gets from its local cache but still decodes each time. "+
+		"(e) are rueidis %s: DoCache of GET with client-side caching (RESP3, CLIENT TRACKING ON OPTIN; client-side TTL %v), and rueidisaside's Get over the same (its Set is a SET through its rueidis client); both store exactly what packcache default stores (packcache.JSON, zstd behind packcache's header byte) and decode (zstd, packcache.JSON) every answer, as (b) does. Get ratio = packcache default / peer; hit-path ratio = packcache WithShareWindow(0) / peer.",
+		len(raw), e.cfg.reps, n, rueidisVersion(), rueidisTTL))
 	fmt.Fprintln(e.out, "| peer | Set µs | Set allocs/op | Get µs | Get allocs/op | Get ops/s | STRLEN | MEMORY USAGE | Get ratio | hit-path ratio | STRLEN ratio |")
 	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	// Reps are interleaved across peers (rep 1 of every peer, then rep 2,
@@ -316,8 +329,11 @@ func (e *env) suitePeers(ctx context.Context) error {
 		fmt.Fprintf(e.out, "| %s | %s | %.1f | %s | %.1f | %.0f | %d | %d | %.3g | %.3g | %.2f |\n", p.name, row.set.us(), row.setAllocs, row.get.us(), row.getAllocs,
 			1e9/row.get.med, row.strlen, row.usage, d.get.med/row.get.med, res.rows[pPCNoWin].get.med/row.get.med, float64(d.strlen)/float64(row.strlen))
 	}
+	fmt.Fprintf(e.out, "\n%s\n", notLikeForLike)
+	fmt.Fprintln(e.out, "> - Get: the (e) rows answer sequential Gets from rueidis's client-side cache (a Set invalidates it, and the first Get after the Sets reads Redis): what a Get costs there is the decode of the cached reply, the bytes shared by every Get, with no read of Redis, as go-redis/cache + TinyLFU's. packcache default's Gets share one decoded value for 10 ms; only packcache WithShareWindow(0), (a), (b) and (c) without TinyLFU read Redis on every Get.")
+	fmt.Fprintln(e.out, "> - Stored format: (b), (d) and (e) store the same zstd frame of packcache.JSON ((b) without packcache's header byte), (a) plain encoding/json, (c) msgpack+s2: the STRLEN column compares formats, not only machinery.")
 
-	fmt.Fprintf(e.out, "\n### peers: surge\n\n%d goroutines released at once on the same channel, warm (stored by the peer itself) and cold (absent; the loader sleeps %v, then the value is stored). go-redis/cache uses Once; hand-written peers GET, and on a miss load and SET.\n\n", e.cfg.surgeN, loaderDelay)
+	fmt.Fprintf(e.out, "\n### peers: surge\n\n%d goroutines released at once on the same channel, warm (stored by the peer itself) and cold (absent; the loader sleeps %v, then the value is stored). go-redis/cache uses Once; hand-written peers and rueidis DoCache GET, and on a miss load and SET; rueidisaside uses its Get with the loader (a lock by SET NX GET, then a script that stores the value; the others wait for the key's invalidation). Warm, rueidis's client-side cache is as the Set left it: empty, since the Set invalidated it (the near suite's surge fills it first).\n\n", e.cfg.surgeN, loaderDelay)
 	var subjects []*surgeSubject
 	for _, p := range peers {
 		if p.name == pPCNoWin {
@@ -329,6 +345,7 @@ func (e *env) suitePeers(ctx context.Context) error {
 	if err := e.surgeTable(ctx, subjects, res.surge); err != nil {
 		return err
 	}
+	fmt.Fprintf(e.out, "\n%s a Get of the (e) peers that finds the value decodes it (rueidis: from the cached reply, shared by every Get), as (a)-(c) do; packcache shares one decoded value among the Gets of a share window: the decodes column counts the difference. Cold, (a), (b) and rueidis DoCache each load and SET, and decode nothing; rueidisaside's waiters decode what its one load stored.\n", notLikeForLike)
 	rc, err := packcache.New[[]byte](e.rdb)
 	if err != nil {
 		return err

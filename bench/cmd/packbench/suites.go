@@ -338,11 +338,13 @@ func (e *env) suiteCost(ctx context.Context) error {
 // missCost measures a read-through miss: GetOrLoad of an absent key whose
 // loader returns at once, against the same done by hand (GET, then SET of
 // the same bytes packcache stores). The difference is the lease: one more
-// round trip, and the store by a script.
+// round trip, and the store by a script. rueidis does the same by hand
+// with DoCache, and rueidisaside with its Get and a loader.
 func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
-	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(0), default codec; against go-redis GET (a miss) then zstd-compressing and SETting the same bytes, by hand. µs: median (min–max) of %d runs. Commands per miss: INFO commandstats delta (a script's own GET and SET calls are counted inside it, not as round trips).", e.cfg.reps))
-	fmt.Fprintln(e.out, "| value | subject | N | µs per miss | round trips per miss | commands (per miss) | ratio to by-hand |")
-	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|---|--:|")
+	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(0), default codec; against go-redis GET (a miss) then zstd-compressing and SETting the same bytes, by hand; the same by hand with rueidis (%s), its GET a DoCache (client-side caching); and rueidisaside's Get with a loader that returns the same compressed bytes at once. µs: median (min–max) of %d runs, the subjects' runs interleaved. Commands per miss: INFO commandstats delta of the last run (INFO and rueidis's background PINGs left out). "+
+		"Round trips per miss are the commands the client sent and waited for: a script's own GET and SET calls are counted inside it, not as round trips; rueidis sends DoCache's CLIENT CACHING YES, MULTI, PTTL, GET and EXEC in one write, one round trip (counted by its EXEC).", rueidisVersion(), e.cfg.reps))
+	fmt.Fprintln(e.out, "| value | subject | N | µs per miss | round trips per miss | commands (per miss) | ratio to by-hand | ratio to packcache |")
+	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|---|--:|--:|")
 	for di, doc := range docs {
 		c, err := packcache.New[[]byte](e.rdb, packcache.WithShareWindow(0))
 		if err != nil {
@@ -350,13 +352,14 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 		}
 		n := opsFor(len(doc), e.cfg.quick, e.cfg.ops)
 		var seq atomic.Int64
+		next := func() string { return fmt.Sprint(seq.Add(1)) }
 		pc := func() error {
-			k := e.key("miss", "pc", fmt.Sprint(di), fmt.Sprint(seq.Add(1)))
+			k := e.key("miss", "pc", fmt.Sprint(di), next())
 			_, err := c.GetOrLoad(ctx, k, func(context.Context) ([]byte, error) { return doc, nil })
 			return err
 		}
 		hand := func() error {
-			k := e.key("miss", "hand", fmt.Sprint(di), fmt.Sprint(seq.Add(1)))
+			k := e.key("miss", "hand", fmt.Sprint(di), next())
 			if err := e.rdb.Get(ctx, k).Err(); err != redis.Nil {
 				return fmt.Errorf("by hand: GET of an absent key: %v", err)
 			}
@@ -367,16 +370,48 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 			}
 			return e.rdb.Set(ctx, k, stored, time.Hour).Err()
 		}
-		pc() // the scripts, loaded once per node
+		rm, err := newRueidisMisses(ctx, e, di, doc, next)
+		if err != nil {
+			c.Close()
+			return err
+		}
 		type subj struct {
 			name string
 			f    func() error
-			ts   []float64
-			cmds map[string]int64
+			// trips is the round trips of cmds, a run's commands.
+			trips func(cmds map[string]int64) int64
+			ts    []float64
+			cmds  map[string]int64
 		}
-		subs := []*subj{{name: "by hand: GET, compress, SET", f: hand}, {name: "packcache GetOrLoad", f: pc}}
+		scripts := func(c map[string]int64) int64 { return c["evalsha"] + c["eval"] }
+		subs := []*subj{
+			{name: "by hand: GET, compress, SET", f: hand, trips: func(c map[string]int64) int64 { return c["get"] + c["set"] }},
+			// Each of packcache's lease scripts makes one GET and one
+			// SET of its own inside Redis.
+			{name: "packcache GetOrLoad", f: pc, trips: func(c map[string]int64) int64 { return c["get"] + c["set"] - scripts(c) }},
+			{name: "rueidis by hand: DoCache GET, compress, SET", f: rm.hand, trips: func(c map[string]int64) int64 { return c["exec"] + c["set"] }},
+			// DoCache's GET (its EXEC), the lock (SET NX GET PX), and
+			// the script that stores the value, which makes a GET and
+			// a SET of its own.
+			{name: "rueidisaside Get", f: rm.aside, trips: func(c map[string]int64) int64 {
+				lock := c["set"] - scripts(c)
+				return c["exec"] + lock + scripts(c)
+			}},
+		}
+		// Warm up: the scripts, loaded once per node; rueidis's
+		// connections, dialled as they are first picked; rueidisaside's
+		// client marker, SET once per client.
+		for _, s := range subs {
+			for range 20 {
+				if err := s.f(); err != nil {
+					c.Close()
+					rm.close()
+					return fmt.Errorf("%s: %w", s.name, err)
+				}
+			}
+		}
 		for range e.cfg.reps {
-			for _, s := range subs { // interleaved, so that noise falls on both
+			for _, s := range subs { // interleaved, so that noise falls on all
 				before, err := e.cmdCalls(ctx)
 				if err != nil {
 					return err
@@ -384,7 +419,7 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 				t := time.Now()
 				for range n {
 					if err := s.f(); err != nil {
-						return err
+						return fmt.Errorf("%s: %w", s.name, err)
 					}
 				}
 				s.ts = append(s.ts, float64(time.Since(t).Nanoseconds())/float64(n))
@@ -392,32 +427,28 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 				if err != nil {
 					return err
 				}
-				if s.cmds == nil {
-					s.cmds = map[string]int64{}
-					for name, v := range after {
-						if d := v - before[name]; d > 0 && name != "info" {
-							s.cmds[name] = d
-						}
+				s.cmds = map[string]int64{} // the last run's
+				for name, v := range after {
+					if d := v - before[name]; d > 0 && name != "info" && name != "ping" {
+						s.cmds[name] = d
 					}
 				}
 			}
 		}
 		c.Close()
-		base := spreadOf(subs[0].ts).med
+		rm.close()
+		base, pcMed := spreadOf(subs[0].ts).med, spreadOf(subs[1].ts).med
 		for _, s := range subs {
 			var names []string
 			for name, v := range s.cmds {
 				names = append(names, fmt.Sprintf("%s %.2f", name, float64(v)/float64(n)))
 			}
-			// Each of packcache's lease scripts makes one GET and one SET
-			// of its own inside Redis: a round trip is a command sent.
-			scripts := s.cmds["evalsha"] + s.cmds["eval"]
-			trips := float64(s.cmds["get"]+s.cmds["set"]-scripts) / float64(n)
 			slices.Sort(names)
 			sp := spreadOf(s.ts)
-			fmt.Fprintf(e.out, "| %s | %s | %d | %s | %.2f | %s | %.2f |\n", human(len(doc)), s.name, n, sp.us(), trips, strings.Join(names, ", "), sp.med/base)
+			fmt.Fprintf(e.out, "| %s | %s | %d | %s | %.2f | %s | %.2f | %.2f |\n", human(len(doc)), s.name, n, sp.us(), float64(s.trips(s.cmds))/float64(n), strings.Join(names, ", "), sp.med/base, sp.med/pcMed)
 		}
 	}
+	fmt.Fprintf(e.out, "\n%s every subject stores the same compressed bytes (packcache's stored format) and returns the loaded value without decoding it, but only packcache and rueidisaside lock the key for the load, and differently: packcache's lease is a token of each load's own with an expiry, and readers waiting for a load poll; rueidisaside's lock is its client's id (a key rueidisid:… of its own, SET on its first miss and refreshed every ClientTTL/2, tells others the client is alive; ClientTTL is %v here, not the default 10 s, so that no refresh falls in another subject's counts), and readers waiting for a load wait for the key's invalidation. Both store only if their lock is still in the key (a script), so a write made meanwhile wins. The by-hand rows take no lock. rueidis's DoCache GET also has Redis track the key for the client, which sends an invalidation when the value is stored.\n", notLikeForLike, asideClientTTL)
 	return nil
 }
 
