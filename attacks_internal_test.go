@@ -9,10 +9,10 @@ import (
 // holds the mutex at that moment puts the call (read before the write) back
 // into the hot slot after the cool, and lookHot then serves it.
 func TestAdv2ForgetVsFinishHotSlot(t *testing.T) {
-	g := &group[ival, int]{}
+	g := &group[ival, fnWork]{}
 	g.window = int64(time.Second)
 	now := time.Now().UnixNano()
-	c, _ := g.acquire("k", now, "", false) // a read begun before the write
+	c, _ := g.acquire("k", now, false) // a read begun before the write
 
 	// finish(...) has taken the mutex (it is about to hold c).
 	g.mu.Lock()

@@ -12,7 +12,7 @@ import (
 )
 
 func advNear(lag time.Duration, opts ...packcache.Option) []packcache.Option {
-	return append([]packcache.Option{packcache.WithShareWindow(0), packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Minute, MaxLag: lag})}, opts...)
+	return append([]packcache.Option{packcache.WithShareWindow(packcache.Off), packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Minute, MaxLag: lag})}, opts...)
 }
 
 // Expiry: a key whose TTL passed is a miss for Redis GET; is it for the near cache?

@@ -58,7 +58,7 @@ func TestAdvRefreshOverwritesIdenticalSet(t *testing.T) {
 		return "later", nil
 	})
 	c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld),
-		packcache.WithTTL(10*time.Second), packcache.WithRefreshAfter(100*time.Millisecond))
+		packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestAdvRefreshOverwritesDeleteThenReload(t *testing.T) {
 		return "A", nil
 	})
 	c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld),
-		packcache.WithTTL(10*time.Second), packcache.WithRefreshAfter(100*time.Millisecond))
+		packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,8 +210,8 @@ func TestAdvStaleCallerJoinsFailingRefresh(t *testing.T) {
 		return "", errors.New("source down")
 	})
 	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld),
-		packcache.WithTTL(400*time.Millisecond), packcache.WithRefreshAfter(100*time.Millisecond),
-		packcache.WithStaleFor(10*time.Second))
+		packcache.WithTTL(400*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}),
+		packcache.WithPrefix("", packcache.Policy{StaleFor: 10 * time.Second}))
 	c.Set(ctx, "k", "A")
 	time.Sleep(150 * time.Millisecond)
 	if v, err := c.Get(ctx, "k"); err != nil || v != "A" { // fresh; starts a refresh
@@ -598,12 +598,12 @@ func stormOnce(t *testing.T, tg redistest.Target, mode string) {
 	ctx := ctxT(t)
 	lg := &stormLog{start: map[string]time.Time{}}
 	ld := packcache.LoaderFunc[string](lg.load)
-	base := []packcache.Option{packcache.WithLoader[string](ld), packcache.WithNegativeTTL(time.Second), packcache.WithLoadTimeout(2 * time.Second)}
+	base := []packcache.Option{packcache.WithLoader[string](ld), packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Second}), packcache.WithLoadTimeout(2 * time.Second)}
 	switch mode {
 	case "refresh+stale":
-		base = append(base, packcache.WithTTL(60*time.Millisecond), packcache.WithRefreshAfter(20*time.Millisecond), packcache.WithStaleFor(time.Second))
+		base = append(base, packcache.WithTTL(60*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 20 * time.Millisecond}), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Second}))
 	case "nocoalesce+window0":
-		base = append(base, packcache.WithCoalescing(false), packcache.WithShareWindow(0))
+		base = append(base, packcache.WithCoalescing(false), packcache.WithShareWindow(packcache.Off))
 	}
 	c1, err := packcache.New[string](tg.Client, base...)
 	if err != nil {
@@ -747,7 +747,7 @@ func TestAdvCloseRacingEverything(t *testing.T) {
 			return "v" + key, nil
 		})
 		c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld), packcache.WithLoadTimeout(300*time.Millisecond),
-			packcache.WithTTL(50*time.Millisecond), packcache.WithRefreshAfter(10*time.Millisecond), packcache.WithStaleFor(time.Second),
+			packcache.WithTTL(50*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 10 * time.Millisecond}), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Second}),
 			packcache.WithLock(20*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
@@ -898,7 +898,7 @@ func TestAdvWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
 		time.Sleep(400 * time.Millisecond)
 		return "load" + strconv.FormatInt(n, 10), nil
 	})
-	c := mustNew[string](t, rdb, packcache.WithShareWindow(0), packcache.WithCircuitBreaker(1, time.Minute),
+	c := mustNew[string](t, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(1, time.Minute),
 		packcache.WithRedisTimeout(100*time.Millisecond), packcache.WithLoader[string](ld))
 	s.Stop(t)
 	c.Get(ctx, "warm") // opens the breaker
@@ -923,7 +923,7 @@ func TestAdvReentrantEverywhere(t *testing.T) {
 	_, rdb := single(t)
 	cfgs := map[string][]packcache.Option{
 		"default":    nil,
-		"window0":    {packcache.WithShareWindow(0)},
+		"window0":    {packcache.WithShareWindow(packcache.Off)},
 		"nocoalesce": {packcache.WithCoalescing(false)},
 		"lock":       {packcache.WithLock(time.Second)},
 		"bigwindow":  {packcache.WithShareWindow(time.Hour)},
@@ -1019,7 +1019,7 @@ func TestAdvStaleReloadRacingDelete(t *testing.T) {
 		<-release
 		return "reloaded", nil
 	})
-	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld), packcache.WithTTL(50*time.Millisecond), packcache.WithStaleFor(time.Minute))
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld), packcache.WithTTL(50*time.Millisecond), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Minute}))
 	c.Set(ctx, "st", "A")
 	time.Sleep(80 * time.Millisecond)
 	go c.Get(ctx, "st") // stale: reloads

@@ -49,41 +49,7 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 // are left out of the map and reported in the error, which joins one
 // *Error per key; the map holds every value that could be read.
 func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, error) {
-	if !c.life.enter() {
-		return nil, ErrClosed
-	}
-	defer c.life.exit()
-	if err := ctx.Err(); err != nil {
-		return map[string]T{}, err
-	}
-	keys = dedupe(keys)
-	found := make(map[string]T, len(keys))
-	if len(keys) == 0 {
-		return found, nil
-	}
-	var errs []error
-	keys, tickets := c.nearMany(keys, found)
-	for i, rp := range c.fetchMany(ctx, keys) {
-		k := keys[i]
-		p := c.policy(k)
-		j := c.judge(k, p, rp, false)
-		if tickets != nil && p.near != nil && j.v == vHit {
-			c.keepNear(k, p, tickets[i], j)
-		}
-		_, err := c.rule(ctx, k, j, false)
-		v, err := c.deliver(k, p, j.r, err, false)
-		switch {
-		case err == nil:
-			found[k] = v
-		case errors.Is(err, ErrMiss), errors.Is(err, ErrNotFound):
-		default:
-			errs = append(errs, err)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return found, err // the caller's context ended: not Redis's failure
-	}
-	return found, errors.Join(errs...)
+	return c.getMany(ctx, keys, nil)
 }
 
 // GetOrLoadMany returns the values for keys, reading those Redis holds in
@@ -110,6 +76,13 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 	if fn == nil {
 		return nil, errors.New("packcache: GetOrLoadMany with nil function")
 	}
+	return c.getMany(ctx, keys, manyLoader[T](fn))
+}
+
+// getMany is GetMany, and with a loader GetOrLoadMany: each key is judged
+// and acted on by rule, as Get does, over one pipeline per node; the keys
+// to load are loaded together, with one call of ld.
+func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (map[string]T, error) {
 	if !c.life.enter() {
 		return nil, ErrClosed
 	}
@@ -122,7 +95,7 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 	if len(keys) == 0 {
 		return found, nil
 	}
-	ld := batchLoader[T](fn)
+	readThrough := ld != nil
 	var errs []error
 	var toLoad []string
 	from := map[string]judgement[T]{}
@@ -130,14 +103,14 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.policy(k)
-		j := c.judge(k, p, rp, true)
+		j := c.judge(k, p, rp, readThrough)
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
 			c.keepNear(k, p, tickets[i], j)
 		}
-		load, err := c.rule(ctx, k, j, true)
+		load, err := c.rule(ctx, k, j, readThrough)
 		switch {
 		case err != nil:
-			if _, err := c.deliver(k, p, j.r, err, false); !errors.Is(err, ErrNotFound) {
+			if _, err := c.deliver(k, p, j.r, err, false); !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound) {
 				errs = append(errs, err)
 			}
 			continue
@@ -151,7 +124,7 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 			continue
 		}
 		if j.refresh {
-			c.refresh(ctx, flight[T]{c: c, key: k, p: p, ld: ld}, j)
+			c.refresh(ctx, k, p, ld, j)
 		}
 		if v, err := c.deliver(k, p, j.r, nil, false); err != nil {
 			errs = append(errs, err)
@@ -160,51 +133,44 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		// The caller's context ended: keys Redis did not answer for are
-		// not loaded, since Redis may well hold them.
+		// The caller's context ended: not Redis's failure, and keys Redis
+		// did not answer for are not loaded, since Redis may well hold
+		// them.
 		return found, err
 	}
 	if len(toLoad) == 0 {
 		return found, errors.Join(errs...)
 	}
-	tokens := make(map[string]string, len(toLoad))
-	for _, k := range toLoad {
-		tokens[k] = loadToken(from[k])
-	}
-	own, others := c.loads.claim(toLoad, tokens)
-	if len(own) > 0 {
-		jobs := make(map[string]loadJob[T], len(own))
-		for k := range own {
-			jobs[k] = loadJob[T]{c: c, key: k, p: c.policy(k), ld: ld, from: from[k], token: tokens[k]}
+	var jobs []loadJob[T]
+	calls := make([]*call[result[T]], len(toLoad))
+	joined := make([]bool, len(toLoad))
+	for i, k := range toLoad {
+		p := c.policy(k)
+		token := loadToken(from[k])
+		calls[i], joined[i] = c.loads.claim(k, token, true, c.coalesce)
+		if joined[i] {
+			p.stats.coalescedWaits.Add(1)
+		} else {
+			jobs = append(jobs, loadJob[T]{key: k, p: p, from: from[k], token: token, cl: calls[i]})
 		}
+	}
+	if len(jobs) > 0 {
 		c.life.spawn()
-		go c.runBatch(ctx, own, jobs, fn)
+		go c.runLoad(ctx, ld, jobs)
 	}
-	for k := range others {
-		c.policy(k).stats.coalescedWaits.Add(1)
-	}
-	for i, set := range []map[string]*call[result[T]]{own, others} {
-		for k, cl := range set {
-			r, err := wait(ctx, cl)
-			if err != nil && ctx.Err() != nil {
-				return found, ctx.Err()
-			}
-			if j := from[k]; err != nil && j.v == vStale && !errors.Is(err, ErrNotFound) {
-				// The load failed (a joined one may have had no stale
-				// value to fall back on): StaleFor serves the stale one.
-				c.policy(k).stats.staleServes.Add(1)
-				c.report(ctx, k, err)
-				r, err = j.r, nil
-				r.stale = true
-			}
-			v, err := c.deliver(k, c.policy(k), r, err, i == 1)
-			switch {
-			case err == nil:
-				found[k] = v
-			case errors.Is(err, ErrNotFound):
-			default:
-				errs = append(errs, err)
-			}
+	for i, k := range toLoad {
+		p := c.policy(k)
+		r, err := c.awaitLoad(ctx, k, p, from[k], calls[i], joined[i])
+		if err != nil && ctx.Err() != nil {
+			return found, ctx.Err()
+		}
+		v, err := c.deliver(k, p, r, err, joined[i])
+		switch {
+		case err == nil:
+			found[k] = v
+		case errors.Is(err, ErrNotFound):
+		default:
+			errs = append(errs, err)
 		}
 	}
 	return found, errors.Join(errs...)
@@ -235,22 +201,6 @@ func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []tick
 		tickets[i] = c.marks.take(k)
 	}
 	return rest, tickets
-}
-
-// batchLoader adapts a GetOrLoadMany function to a Loader of one key, for
-// the refreshes it starts.
-func batchLoader[T any](fn func(context.Context, []string) (map[string]T, error)) Loader[T] {
-	return LoaderFunc[T](func(ctx context.Context, key string) (T, error) {
-		m, err := fn(ctx, []string{key})
-		v, ok := m[key]
-		switch {
-		case err != nil:
-			return v, err
-		case !ok:
-			return v, ErrNotFound
-		}
-		return v, nil
-	})
 }
 
 // SetMany stores items, each with its key's policy, in one round trip per

@@ -93,7 +93,7 @@ func TestOneJudgementForAllCalls(t *testing.T) {
 					tg.Client.Del(ctx, key)
 					st.setup(ctx, tg, key)
 					before, _ := tg.Client.Get(ctx, key).Result()
-					opts := []packcache.Option{packcache.WithTTL(ttl), packcache.WithStaleFor(staleFor), packcache.WithRefreshAfter(refreshAfter)}
+					opts := []packcache.Option{packcache.WithTTL(ttl), packcache.WithPrefix("", packcache.Policy{StaleFor: staleFor}), packcache.WithPrefix("", packcache.Policy{RefreshAfter: refreshAfter})}
 					if st.lock {
 						opts = append(opts, packcache.WithLock(200*time.Millisecond))
 					}

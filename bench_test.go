@@ -62,7 +62,7 @@ func BenchmarkGet(b *testing.B) {
 		ch, raw := benchChannel(b, sz.size)
 		for _, cd := range benchCodecs {
 			b.Run(cd.name+"/"+sz.name, func(b *testing.B) {
-				c := mustNew[Channel](b, rdb, packcache.WithCodec(cd.c), packcache.WithCompressAbove(0), packcache.WithShareWindow(0))
+				c := mustNew[Channel](b, rdb, packcache.WithCodec(cd.c), packcache.WithCompressAbove(packcache.CompressAll), packcache.WithShareWindow(packcache.Off))
 				key := "bench:get:" + cd.name + ":" + sz.name
 				if err := c.Set(ctx, key, ch); err != nil {
 					b.Fatal(err)
@@ -113,7 +113,7 @@ func BenchmarkGetRaw(b *testing.B) {
 		_, raw := benchChannel(b, sz.size)
 		for _, cd := range benchCodecs {
 			b.Run(cd.name+"/"+sz.name, func(b *testing.B) {
-				c := mustNew[[]byte](b, rdb, packcache.WithCodec(cd.c), packcache.WithCompressAbove(0), packcache.WithShareWindow(0))
+				c := mustNew[[]byte](b, rdb, packcache.WithCodec(cd.c), packcache.WithCompressAbove(packcache.CompressAll), packcache.WithShareWindow(packcache.Off))
 				key := "bench:getraw:" + cd.name + ":" + sz.name
 				if err := c.Set(ctx, key, raw); err != nil {
 					b.Fatal(err)
@@ -163,7 +163,7 @@ func BenchmarkBaselineGet(b *testing.B) {
 						b.Fatal(err)
 					}
 					buf := bufs.Get().(*[]byte)
-					out, err := codec.Zstd.Decode((*buf)[:0], data, packcache.DefaultMaxValueSize)
+					out, err := codec.Zstd.Decode((*buf)[:0], data, (64 << 20))
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -187,7 +187,7 @@ func BenchmarkSet(b *testing.B) {
 		ch, raw := benchChannel(b, sz.size)
 		for _, cd := range benchCodecs {
 			b.Run(cd.name+"/"+sz.name, func(b *testing.B) {
-				c := mustNew[Channel](b, rdb, packcache.WithCodec(cd.c), packcache.WithCompressAbove(0))
+				c := mustNew[Channel](b, rdb, packcache.WithCodec(cd.c), packcache.WithCompressAbove(packcache.CompressAll))
 				key := "bench:set:" + cd.name + ":" + sz.name
 				b.SetBytes(int64(len(raw)))
 				b.ReportAllocs()
@@ -210,7 +210,7 @@ func BenchmarkSetRaw(b *testing.B) {
 	for _, sz := range benchSizes {
 		_, raw := benchChannel(b, sz.size)
 		b.Run("zstd/"+sz.name, func(b *testing.B) {
-			c := mustNew[[]byte](b, rdb, packcache.WithCompressAbove(0))
+			c := mustNew[[]byte](b, rdb, packcache.WithCompressAbove(packcache.CompressAll))
 			key := "bench:setraw:" + sz.name
 			b.SetBytes(int64(len(raw)))
 			b.ReportAllocs()

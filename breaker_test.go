@@ -27,8 +27,8 @@ func TestBreakerIgnoresCallerContexts(t *testing.T) {
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var loads atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(2, time.Minute), packcache.WithShareWindow(0))
-	rt := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(2, time.Minute), packcache.WithShareWindow(0),
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(2, time.Minute), packcache.WithShareWindow(packcache.Off))
+	rt := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(2, time.Minute), packcache.WithShareWindow(packcache.Off),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			loads.Add(1)
 			return Channel{ID: key}, nil
@@ -106,12 +106,12 @@ func TestBreakerPerNode(t *testing.T) {
 	})
 	ctx := ctxT(t)
 	var loads atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, time.Minute), packcache.WithShareWindow(0),
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, time.Minute), packcache.WithShareWindow(packcache.Off),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			loads.Add(1)
 			return Channel{ID: key, Title: "loaded"}, nil
 		})))
-	plain := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, time.Minute), packcache.WithShareWindow(0))
+	plain := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, time.Minute), packcache.WithShareWindow(packcache.Off))
 	victim := cl.Nodes()[1]
 	var lost, kept []string
 	for i := 0; len(lost) < 10 || len(kept) < 20; i++ {

@@ -73,16 +73,9 @@ type Cache[T any] struct {
 	nodes        *nodes
 	ticks        ticks // the shared ends of Redis budgets
 
-	lookups group[result[T], flight[T]]  // Gets without a loader: read and decode
-	reads   group[result[T], flight[T]]  // Gets with a loader: read, decode, and load on a miss
-	loads   group[result[T], loadJob[T]] // loads, shared by the reads that found the same state
-
-	// lookupFn holds lookup[T], the work of a read flight, made into a
-	// value once: a generic function named inside generic code is a
-	// closure over its type dictionary, allocated each time it is named.
-	lookupFn func(context.Context, flight[T], *call[result[T]]) (result[T], error)
-	// joiningFn holds c.reentrant, for the same reason.
-	joiningFn func(context.Context, string) error
+	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
+	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
+	loads   registry[T]                 // loads, shared by the reads that found the same state
 
 	life life
 
@@ -207,10 +200,8 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		nodes:        newNodes(rdb, cfg.breaker, cfg.observer),
 	}
 	c.ticks.step = int64(max(cfg.redisTimeout/16, time.Millisecond))
-	c.lookupFn, c.joiningFn = lookup[T], c.reentrant
 	for _, g := range []*group[result[T], flight[T]]{&c.lookups, &c.reads} {
-		g.window = int64(cfg.shareWindow)
-		g.spawn, g.done = c.life.trySpawn, c.life.exit
+		g.window, g.life = int64(cfg.shareWindow), &c.life
 	}
 	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
@@ -251,8 +242,8 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 		}
 		return nil
 	}
-	if cfg.base.Local.MaxBytes > 0 {
-		if err := add(c.base, cfg.base.Local); err != nil {
+	if lc := cfg.base.Local; !lc.zero() && lc.MaxBytes != Off {
+		if err := add(c.base, lc); err != nil {
 			return err
 		}
 	}
@@ -263,7 +254,7 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 				p.near = c.base.near
 				tracked = append(tracked, p.prefix)
 			}
-		case own.MaxBytes > 0:
+		case own.MaxBytes != Off:
 			if err := add(p, own); err != nil {
 				return err
 			}
@@ -380,7 +371,7 @@ func resolve[T any](prefix string, p Policy) (*policy[T], error) {
 		}
 		rp.loader = l
 	}
-	if rp.refreshAfter > 0 && rp.ttl != NoExpiration && rp.refreshAfter >= rp.ttl {
+	if rp.refreshAfter > 0 && rp.ttl != Off && rp.refreshAfter >= rp.ttl {
 		return nil, fmt.Errorf("packcache: prefix %q: RefreshAfter %v is not shorter than TTL %v", prefix, rp.refreshAfter, rp.ttl)
 	}
 	return rp, nil
@@ -600,24 +591,24 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 	}
 	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
-		r, err := lookup(ctx, f, nil)
+		r, err := f.run(ctx, nil)
 		return c.deliver(key, p, r, err, false)
 	}
 	g := &c.lookups
 	if ld != nil {
 		g = &c.reads
 	}
-	r, err, shared := g.do(ctx, key, f, c.lookupFn, c.joiningFn)
+	r, err, shared := g.do(ctx, key, f)
 	if shared {
 		p.stats.coalescedWaits.Add(1)
 	}
 	return c.deliver(key, p, r, err, shared)
 }
 
-// lookup is the work of one read, shared by the callers that coalesce (cl
+// run is the work of one read, shared by the callers that coalesce (cl
 // is their call; nil without coalescing): it reads key, judges what Redis
 // holds, and acts on the judgement.
-func lookup[T any](ctx context.Context, f flight[T], cl *call[result[T]]) (result[T], error) {
+func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], error) {
 	c, key, p := f.c, f.key, f.p
 	var t ticket
 	if p.near != nil {
@@ -634,6 +625,9 @@ func lookup[T any](ctx context.Context, f flight[T], cl *call[result[T]]) (resul
 	return c.act(ctx, f, j)
 }
 
+// joining catches a loader that would wait for its own key's read.
+func (f flight[T]) joining(ctx context.Context, key string) error { return f.c.reentrant(ctx, key) }
+
 // act does with a judgement what rule says, for one key.
 func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
 	load, err := c.rule(ctx, f.key, j, f.ld != nil)
@@ -644,7 +638,7 @@ func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result
 		return c.load(ctx, f, j)
 	}
 	if j.refresh {
-		c.refresh(ctx, f, j)
+		c.refresh(ctx, f.key, f.p, oneLoader[T]{f.ld}, j)
 	}
 	return j.r, nil
 }
@@ -693,10 +687,15 @@ type setOptions struct {
 	ttlSet bool
 }
 
-// SetTTL stores the value for d, or with no expiry for NoExpiration,
-// instead of the key's policy's TTL. An invalid TTL fails the call.
+// SetTTL stores the value for d, or with no expiry for Off, instead of
+// the key's policy's TTL (zero: the policy's). An invalid TTL fails the
+// call.
 func SetTTL(d time.Duration) SetOption {
-	return func(o *setOptions) { o.ttl, o.ttlSet = d, true }
+	return func(o *setOptions) {
+		if d != 0 { // zero: the policy's, as everywhere
+			o.ttl, o.ttlSet = d, true
+		}
+	}
 }
 
 // Set stores value under key with the key's policy: serialized, compressed

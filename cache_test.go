@@ -91,7 +91,7 @@ func TestThresholdBoundary(t *testing.T) {
 func TestCompressAboveZeroCompressesEverything(t *testing.T) {
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(0), packcache.WithCodec(codec.Zstd))
+	c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(packcache.CompressAll), packcache.WithCodec(codec.Zstd))
 	v := jsonText(300)
 	c.Set(ctx, "k", v)
 	if b := rawGet(t, rdb, "k"); b[0] != codec.HeaderZstd {
@@ -102,10 +102,10 @@ func TestCompressAboveZeroCompressesEverything(t *testing.T) {
 func TestIncompressibleStoredPlain(t *testing.T) {
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(0))
+	c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(packcache.CompressAll))
 	// Random base64 text barely compresses: with a minimum saving of 1 KiB
 	// it must be stored plain.
-	c2 := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(0), packcache.WithMinSaving(1<<10))
+	c2 := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(packcache.CompressAll), packcache.WithPrefix("", packcache.Policy{MinSaving: 1 << 10}))
 	v := []byte(`"` + strings.Repeat("aZ3+9qX/", 1) + randomB64(4000) + `"`)
 	if err := c2.Set(ctx, "k", v); err != nil {
 		t.Fatal(err)
@@ -253,7 +253,7 @@ func TestMissDeleteTTL(t *testing.T) {
 		}
 		c.Set(ctx, "a", Channel{ID: "a"})
 		c.Set(ctx, "b", Channel{ID: "b"}, packcache.SetTTL(1500*time.Millisecond))
-		c.Set(ctx, "forever", Channel{ID: "f"}, packcache.SetTTL(packcache.NoExpiration))
+		c.Set(ctx, "forever", Channel{ID: "f"}, packcache.SetTTL(packcache.Off))
 		if d := tg.Client.PTTL(ctx, "a").Val(); d <= time.Second || d > 2*time.Second {
 			t.Errorf("PTTL a = %v, want about 2s", d)
 		}
@@ -263,8 +263,15 @@ func TestMissDeleteTTL(t *testing.T) {
 		if d := tg.Client.PTTL(ctx, "forever").Val(); d != -1 {
 			t.Errorf("PTTL forever = %v, want no expiry", d)
 		}
-		if err := c.Set(ctx, "bad", Channel{}, packcache.SetTTL(0)); err == nil {
-			t.Error("Set with a zero TTL succeeded")
+		if err := c.Set(ctx, "bad", Channel{}, packcache.SetTTL(-5)); err == nil {
+			t.Error("Set with a negative TTL succeeded")
+		}
+		// Zero is the policy's TTL, as everywhere.
+		if err := c.Set(ctx, "policy", Channel{}, packcache.SetTTL(0)); err != nil {
+			t.Fatal(err)
+		}
+		if d := tg.Client.PTTL(ctx, "policy").Val(); d <= 2*time.Second-100*time.Millisecond || d > 2*time.Second {
+			t.Errorf("PTTL policy = %v, want the policy's 2s", d)
 		}
 		if err := c.Delete(ctx, "a", "b", "absent", "{x}1"); err != nil {
 			t.Fatal(err)
@@ -427,7 +434,7 @@ func TestBadValues(t *testing.T) {
 func TestRedisFailureIsTyped(t *testing.T) {
 	s, rdb := single(t)
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(0, 0))
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(packcache.Off, 0))
 	s.Stop(t)
 	_, err := c.Get(ctx, "k")
 	var e *packcache.Error
@@ -457,23 +464,35 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 		"prefix neg ttl": packcache.WithPrefix("a:", packcache.Policy{NegativeTTL: -2}),
 		"prefix stale":   packcache.WithPrefix("a:", packcache.Policy{StaleFor: -time.Second}),
 		"prefix jitter":  packcache.WithPrefix("a:", packcache.Policy{TTLJitter: 1.5}),
-		"redis timeout":  packcache.WithRedisTimeout(0),
+		"redis timeout":  packcache.WithRedisTimeout(-time.Second),
 		"load timeout":   packcache.WithLoadTimeout(-time.Second),
-		"zero ttl":       packcache.WithTTL(0),
+		"negative ttl":   packcache.WithTTL(-5),
 		"sub-ms ttl":     packcache.WithTTL(time.Microsecond),
-		"max size":       packcache.WithMaxValueSize(0),
-		"jitter":         packcache.WithTTLJitter(1),
-		"empty prefix":   packcache.WithPrefix("", packcache.Policy{}),
+		"max size":       packcache.WithMaxValueSize(-1),
+		"jitter":         packcache.WithPrefix("", packcache.Policy{TTLJitter: 1}),
+		"window":         packcache.WithShareWindow(-5),
+		"breaker":        packcache.WithCircuitBreaker(-5, 0),
+		"near bytes":     packcache.WithLocalCache(packcache.LocalCache{MaxBytes: -5}),
 		"prefix ttl":     packcache.WithPrefix("a:", packcache.Policy{TTL: -5}),
 		"loader type":    packcache.WithPrefix("a:", packcache.Policy{Loader: packcache.LoaderFunc[int](nil)}),
 		"refresh>ttl":    packcache.WithPrefix("a:", packcache.Policy{TTL: time.Second, RefreshAfter: time.Minute, Loader: packcache.LoaderFunc[Channel](nil)}),
-		"lock lease":     packcache.WithLock(0),
-		"min saving":     packcache.WithMinSaving(0),
+		"lock lease":     packcache.WithLock(time.Microsecond),
+		"min saving":     packcache.WithPrefix("", packcache.Policy{MinSaving: -5}),
 	}
 	for name, o := range bad {
 		if _, err := packcache.New[Channel](rdb, o); err == nil {
 			t.Errorf("%s: New succeeded", name)
 		}
+	}
+	// Zero is the default, for every option and field: never an error.
+	zero := []packcache.Option{packcache.WithTTL(0), packcache.WithRedisTimeout(0), packcache.WithLoadTimeout(0),
+		packcache.WithMaxValueSize(0), packcache.WithCompressAbove(0), packcache.WithShareWindow(0),
+		packcache.WithCircuitBreaker(0, 0), packcache.WithLock(0), packcache.WithPrefix("", packcache.Policy{}),
+		packcache.WithPrefix("z:", packcache.Policy{})}
+	if c, err := packcache.New[Channel](rdb, zero...); err != nil {
+		t.Errorf("New with zero options: %v", err)
+	} else {
+		c.Close()
 	}
 	if _, err := packcache.New[Channel](rdb, packcache.WithPrefix("a:", packcache.Policy{}), packcache.WithPrefix("a:", packcache.Policy{})); err == nil {
 		t.Error("duplicate prefix accepted")
@@ -528,9 +547,9 @@ func TestPolicyInheritOffAll(t *testing.T) {
 	var loads atomic.Int64
 	c := mustNew[Channel](t, rdb,
 		packcache.WithTTL(time.Hour),
-		packcache.WithTTLJitter(0.5),
-		packcache.WithNegativeTTL(time.Minute),
-		packcache.WithStaleFor(time.Hour),
+		packcache.WithPrefix("", packcache.Policy{TTLJitter: 0.5}),
+		packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}),
+		packcache.WithPrefix("", packcache.Policy{StaleFor: time.Hour}),
 		packcache.WithCompressAbove(4096),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			loads.Add(1)
@@ -602,5 +621,40 @@ func TestPolicyInheritOffAll(t *testing.T) {
 	}
 	if pttl := rdb.PTTL(ctx, "all:k").Val(); pttl != -1 {
 		t.Fatalf("all: PTTL %v, want no expiry", pttl)
+	}
+}
+
+// TestZeroMeansDefault: every option and Policy field follows one rule:
+// zero is the default (in a Policy, the cache's setting), Off turns it
+// off. Here: a zero TTL is an hour, a zero threshold is 1024 bytes, in
+// WithTTL, WithCompressAbove and a prefix's Policy alike; Off is no expiry
+// and no compression.
+func TestZeroMeansDefault(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[json.RawMessage](t, rdb, packcache.WithTTL(0), packcache.WithCompressAbove(0),
+		packcache.WithPrefix("p:", packcache.Policy{TTL: 0, CompressAbove: 0}),
+		packcache.WithPrefix("off:", packcache.Policy{TTL: packcache.Off, CompressAbove: packcache.Off}))
+	small, large := json.RawMessage(jsonText(1000)), json.RawMessage(jsonText(2000))
+	for _, prefix := range []string{"", "p:", "off:"} {
+		for _, v := range []json.RawMessage{small, large} {
+			key := fmt.Sprintf("%szero:%d", prefix, len(v))
+			if err := c.Set(ctx, key, v); err != nil {
+				t.Fatal(err)
+			}
+			stored := rawGet(t, rdb, key)
+			compressed := stored[0] == codec.HeaderZstd
+			if want := len(v) > 1024 && prefix != "off:"; compressed != want {
+				t.Errorf("%s: compressed %v, want %v", key, compressed, want)
+			}
+			d := rdb.PTTL(ctx, key).Val()
+			if prefix == "off:" {
+				if d != -1 {
+					t.Errorf("%s: PTTL %v, want no expiry", key, d)
+				}
+			} else if d < time.Hour-time.Minute || d > time.Hour {
+				t.Errorf("%s: PTTL %v, want the default hour", key, d)
+			}
+		}
 	}
 }

@@ -30,7 +30,7 @@ func TestCloseDuringTraffic(t *testing.T) {
 	})
 	// A refresh on nearly every Get, on a loaded machine: the Redis budget
 	// is not what this test is about.
-	c, err := packcache.New[Channel](rdb, packcache.WithLoader(load), packcache.WithRefreshAfter(time.Millisecond), packcache.WithTTL(time.Minute),
+	c, err := packcache.New[Channel](rdb, packcache.WithLoader(load), packcache.WithPrefix("", packcache.Policy{RefreshAfter: time.Millisecond}), packcache.WithTTL(time.Minute),
 		packcache.WithRedisTimeout(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 		}
 		return Channel{ID: key, Title: "loaded"}, nil
 	})
-	c, err := packcache.New[Channel](rdb, packcache.WithLoader(load), packcache.WithRefreshAfter(50*time.Millisecond), packcache.WithTTL(time.Minute))
+	c, err := packcache.New[Channel](rdb, packcache.WithLoader(load), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 50 * time.Millisecond}), packcache.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,7 +230,7 @@ func overridePolicy(p *Policy, current codec.Codec, pre string) error {
 	if v, ok := os.LookupEnv(pre + "TTL"); ok {
 		v = strings.TrimSpace(v)
 		if strings.EqualFold(v, "none") {
-			p.TTL = NoExpiration
+			p.TTL = Off
 		} else {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < time.Millisecond {

@@ -92,7 +92,7 @@ func ExampleWithLoader() {
 	ctx := context.Background()
 
 	users, _ := packcache.New[string](rdb,
-		packcache.WithNegativeTTL(time.Minute),
+		packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}),
 		packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 			if key == "user:0" {
 				return "", packcache.ErrNotFound // remembered for a minute

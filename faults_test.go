@@ -300,7 +300,7 @@ func TestClusterMasterStopped(t *testing.T) {
 		o.DialerRetryTimeout = 10 * time.Millisecond
 	})
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(0, 0))
+	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(packcache.Off, 0))
 	const nkeys = 300
 	victim := cl.Nodes()[1]
 	var lost, kept []string
@@ -375,7 +375,7 @@ func TestPoolExhaustion(t *testing.T) {
 		o.MaxRetries = -1 // each pool timeout is the caller's error
 	})
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithCoalescing(false), packcache.WithCircuitBreaker(0, 0))
+	c := mustNew[Channel](t, rdb, packcache.WithCoalescing(false), packcache.WithCircuitBreaker(packcache.Off, 0))
 	for i := range 100 {
 		if err := c.Set(ctx, fmt.Sprintf("pool:%d", i), Channel{ID: fmt.Sprintf("pool:%d", i)}); err != nil {
 			t.Fatal(err)
@@ -462,7 +462,7 @@ func TestBreakerReadThrough(t *testing.T) {
 	ctx := ctxT(t)
 	var loads atomic.Int64
 	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, 200*time.Millisecond),
-		packcache.WithShareWindow(0),
+		packcache.WithShareWindow(packcache.Off),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			loads.Add(1)
 			return Channel{ID: key, Title: "from loader"}, nil

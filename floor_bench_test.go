@@ -59,7 +59,7 @@ func BenchmarkFloor(b *testing.B) {
 	}
 
 	b.Run("typed/impl=packcache", func(b *testing.B) {
-		c := mustNew[Channel](b, rdb, packcache.WithShareWindow(0))
+		c := mustNew[Channel](b, rdb, packcache.WithShareWindow(packcache.Off))
 		if err := c.Set(ctx, "floor:typed", ch); err != nil {
 			b.Fatal(err)
 		}
@@ -82,7 +82,7 @@ func BenchmarkFloor(b *testing.B) {
 		}
 	})
 	b.Run("raw/impl=packcache", func(b *testing.B) {
-		c := mustNew[json.RawMessage](b, rdb, packcache.WithShareWindow(0))
+		c := mustNew[json.RawMessage](b, rdb, packcache.WithShareWindow(packcache.Off))
 		if err := c.Set(ctx, "floor:raw", raw); err != nil {
 			b.Fatal(err)
 		}

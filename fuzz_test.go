@@ -46,8 +46,8 @@ func FuzzGet(f *testing.F) {
 	rdb := s.Client(f)
 	// No share window: each iteration writes the key behind the caches'
 	// backs, and must not be answered with the previous iteration's value.
-	cb := mustNew[[]byte](f, rdb, packcache.WithMaxValueSize(fuzzLimit), packcache.WithShareWindow(0))
-	cc := mustNew[Channel](f, rdb, packcache.WithMaxValueSize(fuzzLimit), packcache.WithShareWindow(0))
+	cb := mustNew[[]byte](f, rdb, packcache.WithMaxValueSize(fuzzLimit), packcache.WithShareWindow(packcache.Off))
+	cc := mustNew[Channel](f, rdb, packcache.WithMaxValueSize(fuzzLimit), packcache.WithShareWindow(packcache.Off))
 	typed := []error{packcache.ErrUnknownHeader, packcache.ErrCorrupt, packcache.ErrTooLarge, packcache.ErrSerialization}
 	kindOf := func(err error) error {
 		for _, k := range typed {

@@ -126,23 +126,6 @@ return 0`)
 
 func (c *Cache[T]) leaseTTL() time.Duration { return c.loadTimeout + 2*c.redisTimeout }
 
-// acquire places lease on key, taking over the lease over if not "". It
-// returns ok when the lease is in place; otherwise what the key holds
-// (a value, another lease) in s. err is a Redis failure.
-func (c *Cache[T]) acquire(ctx context.Context, key string, p *policy[T], lease, over string) (ok bool, s string, err error) {
-	err = c.roundTrip(ctx, "lease", key, p, func(ctx context.Context) (err error) {
-		s, err = acquireScript.Run(ctx, c.rdb, []string{key}, lease, c.leaseTTL().Milliseconds(), over).Text()
-		return err
-	})
-	switch {
-	case err == redis.Nil:
-		return true, "", nil
-	case err != nil:
-		return false, "", err
-	}
-	return false, s, nil
-}
-
 // storeArgs are the arguments of storeScript for a guarded write.
 func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 	mode := "l"
@@ -150,7 +133,7 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 		mode = "d"
 	}
 	ms := int64(0)
-	if ttl != NoExpiration {
+	if ttl != Off {
 		ms = max(ttl.Milliseconds(), 1)
 	}
 	maxPTTL := int64(-1)
@@ -160,25 +143,68 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 	return []any{mode, g.value, stored, ms, maxPTTL}
 }
 
-// storeGuarded writes stored under key if g still holds: it reports whether
-// it wrote. A refusal means a write came after the load began; it is not
-// an error.
-func (c *Cache[T]) storeGuarded(ctx context.Context, key string, p *policy[T], g guard, stored []byte, ttl time.Duration) (bool, error) {
-	var n int
-	err := c.roundTrip(ctx, "set", key, p, func(ctx context.Context) (err error) {
-		n, err = storeScript.Run(ctx, c.rdb, []string{key}, storeArgs(g, stored, ttl)...).Int()
-		return err
+// acquireLeases places leases[i] on keys[i], in one pipeline, where the
+// key holds nothing or exactly the lease olds[i] being taken over (""
+// for none). A key's error is redis.Nil when its lease is in place; nil
+// when it holds something else, which held[i] is; otherwise the Redis
+// failure (see roundTripMany).
+func (c *Cache[T]) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
+	cmds := make([]*redis.Cmd, len(keys))
+	errs = c.roundTripMany(ctx, "lease", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), olds[i])
+		return cmds[i]
 	})
-	if err != nil {
-		return false, err
+	held = make([]string, len(keys))
+	for i, err := range errs {
+		if err == nil {
+			held[i], _ = cmds[i].Text()
+		}
 	}
-	if n == 0 {
-		p.stats.superseded.Add(1)
-		return false, nil
+	return held, errs
+}
+
+// A pendingWrite is a guarded write of a load's value.
+type pendingWrite struct {
+	job    int // the load's job it stores for
+	key    string
+	g      guard
+	stored []byte
+	ttl    time.Duration
+	enc    encoded
+}
+
+// errSuperseded is a guarded write refused because the key was written
+// after the load began: the write won, as it must. It is not an error.
+var errSuperseded = errors.New("packcache: superseded by a later write")
+
+// storeGuarded makes guarded writes in one pipeline, and returns each
+// one's error: nil when it wrote, errSuperseded when its guard no longer
+// held, or a Redis failure.
+func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
+	keys := make([]string, len(writes))
+	for i, w := range writes {
+		keys[i] = w.key
 	}
-	p.stats.sets.Add(1)
-	c.wrote(key)
-	return true, nil
+	cmds := make([]*redis.Cmd, len(writes))
+	errs := c.roundTripMany(ctx, "set", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+		w := writes[i]
+		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
+		return cmds[i]
+	})
+	for i, w := range writes {
+		if errs[i] != nil {
+			continue
+		}
+		p := c.policy(w.key)
+		if n, _ := cmds[i].Int(); n == 0 {
+			p.stats.superseded.Add(1)
+			errs[i] = errSuperseded
+			continue
+		}
+		p.stats.sets.Add(1)
+		c.wrote(w.key)
+	}
+	return errs
 }
 
 // wrote ends the sharing of loader-less reads of key begun before a store
@@ -192,37 +218,28 @@ func (c *Cache[T]) wrote(key string) {
 	}
 }
 
-// release removes our lease from key if it is still there: the load it
-// stood for stores nothing.
-func (c *Cache[T]) release(ctx context.Context, key string, p *policy[T], lease string) {
-	err := c.roundTrip(ctx, "lease", key, p, func(ctx context.Context) error {
-		return releaseScript.Run(ctx, c.rdb, []string{key}, lease).Err()
+// releaseLeases removes leases[i] from keys[i], in one pipeline, where it
+// is still there: the loads they stood for store nothing. Failures are
+// reported; a lease not released expires by itself.
+func (c *Cache[T]) releaseLeases(ctx context.Context, keys, leases []string) {
+	if len(keys) == 0 {
+		return
+	}
+	errs := c.roundTripMany(ctx, "lease", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
 	})
-	if err != nil && !errors.Is(err, ErrCircuitOpen) { // else it expires by itself
-		c.report(ctx, key, err)
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, ErrCircuitOpen) {
+			c.report(ctx, keys[i], err)
+		}
 	}
 }
 
-// awaitLease waits, for up to the WithLock wait, for another process's
-// lease on key to give way, polling with backoff, and returns what the key
-// then holds: a value, a miss, or (after the wait) a lease. ctx bounds it
-// too.
-func (c *Cache[T]) awaitLease(ctx context.Context, key string, p *policy[T]) judgement[T] {
-	p.stats.lockWaits.Add(1)
-	deadline := time.Now().Add(c.lockWait)
-	backoff := 2 * time.Millisecond
-	for {
-		t := time.NewTimer(min(backoff, max(time.Until(deadline), 0)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return judgement[T]{v: vUnavailable, err: keyErr("load", key, ctx.Err())}
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 100*time.Millisecond)
-		j := c.reread(ctx, key, p)
-		if j.v != vLease || !time.Now().Before(deadline) {
-			return j
-		}
+// runScript queues script on key in pipe: as EVALSHA, or as EVAL when
+// sha is false (a node answered NOSCRIPT).
+func runScript(ctx context.Context, pipe redis.Pipeliner, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
+	if sha {
+		return script.EvalSha(ctx, pipe, []string{key}, args...)
 	}
+	return script.Eval(ctx, pipe, []string{key}, args...)
 }

@@ -86,7 +86,7 @@ func testWriteNotUndone(t *testing.T, tg redistest.Target, write, writer string)
 		// share window a Get may still share a read begun before it
 		// (WithShareWindow). Without a window, a Get begun after the
 		// write reads afresh.
-		opts = append(opts, packcache.WithShareWindow(0))
+		opts = append(opts, packcache.WithShareWindow(packcache.Off))
 	}
 	c := mustNew[Channel](t, tg.Client, opts...)
 	w := c
@@ -361,7 +361,7 @@ func TestLeaseCostsOneRoundTrip(t *testing.T) {
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithShareWindow(0), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+	c := mustNew[Channel](t, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		return Channel{ID: key}, nil
 	})))
 	c.Get(ctx, "warm-the-scripts")

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A Loader loads the value for a key from the source of truth, such as a
@@ -74,40 +77,6 @@ func WithLoader[T any](l Loader[T]) Option {
 	}
 }
 
-// A loadJob is one load: of what key, with what loader, and from what
-// state of the key, which decides how it may store its value.
-type loadJob[T any] struct {
-	c       *Cache[T]
-	key     string
-	p       *policy[T]
-	ld      Loader[T]
-	from    judgement[T] // what the read that started the load found
-	token   string       // the load's identity in the loads group: see loadToken
-	refresh bool         // a background refresh of a value still fresh
-}
-
-// unprovenToken is the token of loads that begin with Redis unreachable:
-// readers that find Redis unreachable too share such a load only within
-// the share window, since nothing proves the key unwritten since.
-const unprovenToken = "down"
-
-// loadToken names the state a load begins from, so that only reads that
-// found the same state share it: for a miss, the new lease the load will
-// write; for a lease, that lease; for a value in place, its digest; with
-// Redis unreachable, unprovenToken.
-func loadToken[T any](j judgement[T]) string {
-	switch j.v {
-	case vMiss:
-		return newLease()
-	case vLease:
-		return j.lease
-	case vUnavailable:
-		return unprovenToken
-	default:
-		return "sha1:" + j.digest
-	}
-}
-
 // loading marks a load's context with the keys it loads, to catch a
 // loader that waits for its own load.
 type loading struct {
@@ -153,24 +122,60 @@ func (c *Cache[T]) loadEnded(ctx context.Context, key string) error {
 	return keyErr("load", key, &kindError{ErrLoadTimeout, ctx.Err()})
 }
 
-// load answers a read-through caller whose read found j: it joins this
+// A loadFunc is what a load calls for its keys: for a Get, the key's
+// Loader; for GetOrLoadMany, its function.
+type loadFunc[T any] interface {
+	loadKeys(ctx context.Context, keys []string) (map[string]T, error)
+}
+
+// oneLoader is a Loader as a loadFunc of one key. ErrNotFound, or any
+// error but DoNotCache, is the load's error for the key.
+type oneLoader[T any] struct{ ld Loader[T] }
+
+func (o oneLoader[T]) loadKeys(ctx context.Context, keys []string) (map[string]T, error) {
+	v, err := o.ld.Load(ctx, keys[0])
+	if err != nil && !errors.Is(err, DoNotCache) {
+		return nil, err
+	}
+	return map[string]T{keys[0]: v}, err
+}
+
+// manyLoader is a GetOrLoadMany function as a loadFunc: keys it leaves out
+// of its map are not found.
+type manyLoader[T any] func(ctx context.Context, keys []string) (map[string]T, error)
+
+func (f manyLoader[T]) loadKeys(ctx context.Context, keys []string) (map[string]T, error) {
+	return f(ctx, keys)
+}
+
+// A loadJob is one key of a load: what the read that started it found,
+// and, once the load has settled, how it may store and how it ended.
+type loadJob[T any] struct {
+	key     string
+	p       *policy[T]
+	from    judgement[T]     // what the read that started the load found
+	token   string           // the load's identity in the registry: see loadToken
+	refresh bool             // a background refresh of a value still fresh
+	cl      *call[result[T]] // the key's call in the registry
+
+	load   bool             // the loader is to be called for it, storing under g
+	g      guard            // how it may store
+	seen   string           // another process's lease it found, while settling
+	join   *call[result[T]] // another load of this process that now holds the key
+	stored bool             // its value (or tombstone) was written
+	res    result[T]
+	err    error
+}
+
+// load answers a read-through Get whose read found j: it joins this
 // process's load of the key begun from the same state, or starts one on a
 // goroutine of its own, and waits for it under ctx.
 func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
 	if err := c.reentrant(ctx, f.key); err != nil {
 		return result[T]{}, err
 	}
-	job := loadJob[T]{c: c, key: f.key, p: f.p, ld: f.ld, from: j, token: loadToken(j)}
-	if !c.coalesce {
-		lctx, cancel := c.loadContext(ctx, []string{f.key}, true)
-		defer cancel()
-		r, err := job.protectedRun(lctx, nil, func() bool { return lctx.Err() == nil })
-		if err != nil && ctx.Err() != nil {
-			return result[T]{}, ctx.Err()
-		}
-		return r, err
-	}
-	cl, joined := c.loads.acquire(f.key, time.Now().UnixNano(), job.token, true)
+	token := loadToken(j)
+	cl, joined := c.loads.claim(f.key, token, true, c.coalesce)
 	if joined {
 		f.p.stats.coalescedWaits.Add(1)
 	} else {
@@ -178,16 +183,22 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 		// the callers must be released at the load timeout whether or
 		// not the loader heeds its context.
 		c.life.spawn()
-		go c.runLoad(ctx, cl, job)
+		go c.runLoad(ctx, oneLoader[T]{f.ld}, []loadJob[T]{{key: f.key, p: f.p, from: j, token: token, cl: cl}})
 	}
+	return c.awaitLoad(ctx, f.key, f.p, j, cl, joined)
+}
+
+// awaitLoad waits under ctx for the load cl of key, begun from what the
+// caller's read found, j. If the load failed and j was a value past its
+// TTL, StaleFor says the caller gets that value (a load the caller
+// joined may have begun from another state, with no stale value of its
+// own to fall back on).
+func (c *Cache[T]) awaitLoad(ctx context.Context, key string, p *policy[T], j judgement[T], cl *call[result[T]], joined bool) (result[T], error) {
 	r, err := wait(ctx, cl)
 	r.joined = joined
 	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
-		// The load this caller joined failed (it may have begun as a
-		// refresh, with no stale value of its own to fall back on):
-		// StaleFor says the caller gets the stale value.
-		f.p.stats.staleServes.Add(1)
-		c.report(ctx, f.key, err)
+		p.stats.staleServes.Add(1)
+		c.report(ctx, key, err)
 		s := j.r
 		s.stale = true
 		return s, nil
@@ -197,158 +208,414 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 
 // refresh starts a background reload of a value due for refresh, unless
 // one from the same value is under way in this process.
-func (c *Cache[T]) refresh(ctx context.Context, f flight[T], j judgement[T]) {
-	job := loadJob[T]{c: c, key: f.key, p: f.p, ld: f.ld, from: j, token: "sha1:" + j.digest, refresh: true}
-	cl, joined := c.loads.acquire(f.key, time.Now().UnixNano(), job.token, false)
+func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], fn loadFunc[T], j judgement[T]) {
+	token := "sha1:" + j.digest
+	cl, joined := c.loads.claim(key, token, false, true)
 	if joined {
 		return
 	}
-	f.p.stats.refreshes.Add(1)
+	p.stats.refreshes.Add(1)
 	c.life.spawn()
-	go c.runLoad(ctx, cl, job)
+	go c.runLoad(ctx, fn, []loadJob[T]{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
 }
 
-// runLoad runs job for the callers of cl, on a goroutine of its own, and
-// releases them when the load's context ends if the loader has not
-// returned by then.
-func (c *Cache[T]) runLoad(ctx context.Context, cl *call[result[T]], job loadJob[T]) {
+// runLoad loads jobs with one call of fn, on a goroutine of its own, and
+// finishes each job's call: with the job's result, or, for callers still
+// waiting when the load's context ends, with its error. It is the one
+// load: of one key for a Get, of many for GetOrLoadMany.
+func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T]) {
 	defer c.life.exit()
-	lctx, cancel := c.loadContext(ctx, []string{job.key}, false)
+	keys := make([]string, len(jobs))
+	for i := range jobs {
+		keys[i] = jobs[i].key
+		jobs[i].err = keyErr("load", keys[i], errGoexit) // what runtime.Goexit in fn leaves
+	}
+	lctx, cancel := c.loadContext(ctx, keys, false)
 	defer cancel()
 	timeout := context.AfterFunc(lctx, func() {
-		c.loads.finish(job.key, cl, result[T]{}, c.loadEnded(lctx, job.key))
-	})
-	// If the loader calls runtime.Goexit, run does not return: err keeps
-	// its value and the deferred finish still releases the callers.
-	r, err := result[T]{}, keyErr("load", job.key, errGoexit)
-	defer func() {
-		if job.refresh && err != nil && !errors.Is(err, ErrNotFound) {
-			c.report(lctx, job.key, err)
+		for i := range jobs {
+			c.loads.finish(jobs[i].key, jobs[i].cl, result[T]{}, c.loadEnded(lctx, jobs[i].key))
 		}
-		c.loads.finish(job.key, cl, r, err)
-	}()
-	r, err = job.protectedRun(lctx, cl, timeout)
-}
-
-// protectedRun is run with any panic of what it calls (the loader, the
-// serializer, a codec) turned into a *PanicError for the load's callers:
-// it runs on a goroutine of the cache's, where a panic would end the
-// process.
-func (j loadJob[T]) protectedRun(ctx context.Context, cl *call[result[T]], live func() bool) (result[T], error) {
-	r, err := protect(ctx, j, runArgs[T]{cl, live}, func(ctx context.Context, j loadJob[T], a runArgs[T]) (result[T], error) {
-		return j.run(ctx, a.cl, a.live)
 	})
-	if err != nil && !isKeyError(err, j.key) {
-		err = keyErr("load", j.key, err) // a panic outside the loader
+	l := &loadRun[T]{c: c, jobs: jobs}
+	// However the load ends (runtime.Goexit in fn included), every call is
+	// finished: a call finished already keeps its result.
+	defer func() {
+		for i := range jobs {
+			c.loads.finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err)
+		}
+	}()
+	_, err := protect(lctx, l, fn, func(ctx context.Context, l *loadRun[T], fn loadFunc[T]) (struct{}, error) {
+		l.run(ctx, fn, timeout)
+		return struct{}{}, nil
+	})
+	for i := range jobs {
+		j := &jobs[i]
+		switch {
+		case j.join != nil:
+			continue
+		case err != nil: // a panic in fn, the serializer or a codec
+			j.res, j.err = result[T]{}, keyErr("load", j.key, err)
+		}
+		if j.refresh && j.err != nil && !errors.Is(j.err, ErrNotFound) {
+			c.report(lctx, j.key, j.err)
+		}
+		// This load's own keys are done: finish them before waiting for
+		// the loads of this process that hold some of its keys, which may
+		// be waiting for these in turn.
+		c.loads.finish(j.key, j.cl, j.res, j.err)
 	}
-	return r, err
+	for i := range jobs {
+		if j := &jobs[i]; j.join != nil {
+			j.res, j.err = wait(lctx, j.join)
+			c.loads.finish(j.key, j.cl, j.res, j.err)
+		}
+	}
 }
 
-type runArgs[T any] struct {
-	cl   *call[result[T]]
-	live func() bool
+// A loadRun is the work of one load.
+type loadRun[T any] struct {
+	c    *Cache[T]
+	jobs []loadJob[T]
 }
 
-// run loads the job's key: it settles first how the load may store (taking
-// the lease on a miss, waiting for another process's lease with WithLock),
-// calls the loader, and stores the value under that guard. live reports,
-// once the loader has returned, whether the load's context is still live
-// and stops its timeout; a load past it stores nothing. cl is the load's
-// call (nil without coalescing): a load a write of this process detached
-// stores nothing either.
-func (j loadJob[T]) run(ctx context.Context, cl *call[result[T]], live func() bool) (_ result[T], err error) {
-	c, key, p := j.c, j.key, j.p
-	from := j.from
-	var stale *result[T]
-	if from.v == vStale {
-		stale = &from.r
-	}
+// run settles how each key may store, calls fn for those to load, and
+// decides, key by key, what the load's outcome means: store it, supersede
+// it, fall back to a stale value, or fail. live reports, once fn has
+// returned, whether the load's context is still live, and stops its
+// timeout; a load past it stores nothing. A lease the load took and did
+// not store over is released however run ends.
+func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) {
+	c := l.c
 	// Stores and releases run under their own budget, not the load's
 	// deadline, which may be about to end.
 	sctx := context.WithoutCancel(ctx)
-	var g guard
-	stored := false
-	defer func() {
-		// However the load ends (an error, a panic in the serializer,
-		// runtime.Goexit), a lease it took and did not store over goes,
-		// so that readers do not take the key for a load in progress.
-		if g.kind == guardLease && !stored {
-			c.release(sctx, key, p, g.value)
+	defer l.release(sctx)
+	l.settle(ctx)
+	var loading []int
+	var keys []string
+	for i := range l.jobs {
+		if l.jobs[i].load {
+			loading = append(loading, i)
+			keys = append(keys, l.jobs[i].key)
 		}
-	}()
-	var done bool
-	var r result[T]
-	g, done, r, err = j.settle(ctx, from)
-	if done {
-		return r, err
+	}
+	if len(loading) == 0 {
+		return
 	}
 	start := time.Now()
-	v, err := protect(ctx, j.ld, key, callLoader[T])
+	// A panic in fn is the load's error, as any other it returns (a panic
+	// past fn, in a serializer or a codec, is caught by runLoad).
+	vals, err := protect(ctx, fn, keys, callLoadFunc[T])
+	p0 := l.jobs[loading[0]].p
 	if !live() || ctx.Err() != nil {
 		// Past the load timeout (or Close): the callers have, or are
-		// about to get, the timeout, whatever the loader returned.
-		err := c.loadEnded(ctx, key)
-		c.observeLoad(p, 1, start, err)
-		return result[T]{}, err
+		// about to get, the timeout, whatever fn returned.
+		for _, i := range loading {
+			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
+		}
+		c.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
+		return
 	}
-	if err == nil && c.ptr && isNilPointer(v) {
-		err = ErrNilValue
+	c.observeLoad(p0, len(loading), start, err)
+	noStore := errors.Is(err, DoNotCache)
+	if err != nil && !noStore && !errors.Is(err, ErrNotFound) {
+		for _, i := range loading {
+			l.fail(ctx, i, err)
+		}
+		return
 	}
-	c.observeLoad(p, 1, start, err)
-	if g.kind == guardDigest && cl != nil && c.loads.isDetached(cl) {
-		// A write of this process came after the load began: whatever
-		// the key holds now, the load's value is older. (A write of
-		// another process is caught by the script, unless it wrote the
-		// very bytes the load began from and left the TTL no higher.)
-		p.stats.superseded.Add(1)
-		g = guard{}
-	}
-	switch {
-	case err == nil || errors.Is(err, DoNotCache):
+	var writes []pendingWrite
+	defer func() {
+		for i := range writes {
+			writes[i].enc.release()
+		}
+	}()
+	for _, i := range loading {
+		j := &l.jobs[i]
+		p := j.p
+		if j.g.kind == guardDigest && c.loads.isDetached(j.cl) {
+			// A write of this process came after the load began: whatever
+			// the key holds now, the load's value is older. (A write of
+			// another process is caught by the script, unless it wrote
+			// the very bytes the load began from and left the TTL no
+			// higher.)
+			p.stats.superseded.Add(1)
+			j.g = guard{}
+		}
+		v, ok := vals[j.key]
+		if ok && c.ptr && isNilPointer(v) {
+			l.fail(ctx, i, ErrNilValue)
+			continue
+		}
 		p.stats.loads.Add(1)
+		if !ok {
+			j.err = ErrNotFound
+			if j.g.kind != guardNone && p.negativeTTL > 0 && !noStore {
+				writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: []byte{tombstone}, ttl: p.negativeTTL})
+			}
+			continue
+		}
 		r := result[T]{val: v, from: fromLoader}
-		if err == nil && g.kind != guardNone {
-			data, ok, serr := c.storeLoaded(sctx, key, p, g, v)
-			stored = ok
-			if serr != nil && c.unstored(ctx, key, p, serr) {
-				return result[T]{}, serr
-			}
-			r.data = data
-		}
-		if c.perCaller && r.data == nil {
-			// Not stored, so not serialized yet. (For raw T this is v's
-			// own slice; each caller copies it in deliver.)
-			data, merr := c.marshal(nil, v)
-			if merr != nil {
-				return result[T]{}, keyErr("load", key, merr)
-			}
-			r.data = data
-		}
-		return r, nil
-	case errors.Is(err, ErrNotFound):
-		p.stats.loads.Add(1)
-		if g.kind != guardNone && p.negativeTTL > 0 {
-			ok, serr := c.storeGuarded(sctx, key, p, g, []byte{tombstone}, p.negativeTTL)
-			stored = ok
-			if serr != nil {
-				c.report(ctx, key, serr)
+		var e encoded
+		if j.g.kind != guardNone && !noStore {
+			var eerr error
+			if e, eerr = c.encode(ctx, "load", j.key, p, v); eerr != nil && c.unstored(ctx, j.key, p, eerr) {
+				j.err = eerr
+				continue
 			}
 		}
-		return result[T]{}, ErrNotFound
-	default:
-		p.stats.loadErrors.Add(1)
-		if !isKeyError(err, key) {
-			err = keyErr("load", key, err)
+		if c.perCaller {
+			// Each caller decodes its own copy: of the serialized value
+			// stored, or, if it is not stored, serialized here. (For raw
+			// T this is v's own slice; each caller copies it in deliver.)
+			if e.payload != nil {
+				r.data = bytes.Clone(e.payload)
+			} else if data, merr := c.marshal(nil, v); merr != nil {
+				e.release()
+				j.err = keyErr("load", j.key, merr)
+				continue
+			} else {
+				r.data = data
+			}
 		}
-		if stale != nil {
-			p.stats.staleServes.Add(1)
-			c.report(ctx, key, err)
-			s := *stale
-			s.stale = true
-			return s, nil
+		j.res, j.err = r, nil
+		if e.stored != nil {
+			e.detach()
+			writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: e.stored, ttl: c.expiry(p, p.ttl), enc: e})
 		}
-		return result[T]{}, err
 	}
+	for i, err := range c.storeGuarded(sctx, writes) {
+		w := writes[i]
+		switch {
+		case err == nil:
+			l.jobs[w.job].stored = true
+		case errors.Is(err, errSuperseded):
+		case c.unstored(ctx, w.key, l.jobs[w.job].p, err):
+			l.jobs[w.job].res, l.jobs[w.job].err = result[T]{}, err
+		}
+	}
+}
+
+func callLoadFunc[T any](ctx context.Context, fn loadFunc[T], keys []string) (map[string]T, error) {
+	return fn.loadKeys(ctx, keys)
+}
+
+// fail ends job i with the load's error err: its callers get err, or,
+// from a value past its TTL, that value (StaleFor).
+func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
+	j := &l.jobs[i]
+	j.p.stats.loadErrors.Add(1)
+	if !isKeyError(err, j.key) {
+		err = keyErr("load", j.key, err)
+	}
+	if j.from.v == vStale {
+		j.p.stats.staleServes.Add(1)
+		l.c.report(ctx, j.key, err)
+		s := j.from.r
+		s.stale = true
+		j.res, j.err = s, nil
+		return
+	}
+	j.res, j.err = result[T]{}, err
+}
+
+// release releases, in one pipeline, the leases the load took and did not
+// store over, so that readers do not take the keys for a load in progress.
+func (l *loadRun[T]) release(ctx context.Context) {
+	var keys, leases []string
+	for i := range l.jobs {
+		if j := &l.jobs[i]; j.g.kind == guardLease && !j.stored {
+			keys, leases = append(keys, j.key), append(leases, j.g.value)
+		}
+	}
+	l.c.releaseLeases(ctx, keys, leases)
+}
+
+// settle decides for each key how its load may store, from what the key
+// held when the load began, with one pipeline per step for all the keys:
+// read again the keys that held a lease (it may be that of a load of this
+// process that has just ended); take the leases of the missing keys; with
+// WithLock, wait for other processes' leases and take over those that
+// outlive the wait. A key that turns out to hold a value or a tombstone
+// gets it as its result; one whose lease another load of this process
+// holds is joined to that load (job.join), to be waited for once this
+// load's own keys are finished.
+func (l *loadRun[T]) settle(ctx context.Context) {
+	c := l.c
+	var reread, missing []int
+	for i := range l.jobs {
+		switch from := l.jobs[i].from; from.v {
+		case vLease:
+			reread = append(reread, i)
+		case vMiss:
+			missing = append(missing, i)
+		default:
+			l.decide(ctx, i, from, nil)
+		}
+	}
+	for n, rp := range c.fetchMany(ctx, l.keysOf(reread)) {
+		i := reread[n]
+		l.decide(ctx, i, c.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
+	}
+	l.acquire(ctx, missing, false)
+	var waiting []int
+	for i := range l.jobs {
+		if l.jobs[i].seen != "" {
+			waiting = append(waiting, i)
+		}
+	}
+	if len(waiting) == 0 {
+		return
+	}
+	if c.lockWait <= 0 {
+		// Another process is loading: load without storing.
+		for _, i := range waiting {
+			l.jobs[i].seen, l.jobs[i].load = "", true
+		}
+		return
+	}
+	waiting = l.awaitLeases(ctx, waiting)
+	// The leases that outlived the wait: take them over.
+	l.acquire(ctx, waiting, true)
+	for _, i := range waiting {
+		if j := &l.jobs[i]; j.seen != "" {
+			j.seen, j.load = "", true // a lease that came back while taking over
+		}
+	}
+}
+
+// awaitLeases waits, for up to the WithLock wait, for other processes'
+// leases on the keys of waiting to give way, polling them all together
+// with backoff, and decides each key on what it then holds. It returns
+// the keys whose leases outlived the wait. ctx bounds it too.
+func (l *loadRun[T]) awaitLeases(ctx context.Context, waiting []int) []int {
+	c := l.c
+	for _, i := range waiting {
+		l.jobs[i].p.stats.lockWaits.Add(1)
+	}
+	deadline := time.Now().Add(c.lockWait)
+	backoff := 2 * time.Millisecond
+	for len(waiting) > 0 && time.Now().Before(deadline) {
+		t := time.NewTimer(min(backoff, time.Until(deadline)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			for _, i := range waiting {
+				l.jobs[i].seen, l.jobs[i].err = "", keyErr("load", l.jobs[i].key, ctx.Err())
+			}
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+		still := waiting[:0]
+		for n, rp := range c.fetchMany(ctx, l.keysOf(waiting)) {
+			i := waiting[n]
+			j := &l.jobs[i]
+			if jj := c.judge(j.key, j.p, rp, true); jj.v == vLease {
+				j.seen = jj.lease
+				still = append(still, i)
+			} else {
+				j.seen = ""
+				var again []int
+				l.decide(ctx, i, jj, &again)
+				l.acquire(ctx, again, false)
+			}
+		}
+		waiting = still
+	}
+	return waiting
+}
+
+// decide acts on what key i holds: a value or a tombstone is its result; a
+// value in place (or, for a refresh, the value it began from) or a
+// failure settles how it loads; a miss joins missing (nil: it loads
+// without storing); a lease is joined if a load of this process holds it,
+// or else noted in seen.
+func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing *[]int) {
+	j := &l.jobs[i]
+	switch jd.v {
+	case vHit:
+		if j.refresh {
+			j.g, j.load = digestGuard(jd), true
+			return
+		}
+		// A value arrived while this load was settling.
+		jd.r.from = fromRedis
+		j.res, j.err = jd.r, nil
+	case vTombstone:
+		j.res, j.err = result[T]{}, ErrNotFound
+	case vStale, vUndecodable:
+		j.g, j.load = digestGuard(jd), true
+	case vUnavailable:
+		l.c.report(ctx, j.key, jd.err)
+		j.g, j.load = guard{}, true
+	case vCancelled: // the load's own context ended (its timeout, or Close)
+		j.res, j.err = result[T]{}, l.c.loadEnded(ctx, j.key)
+	case vMiss:
+		if missing != nil {
+			*missing = append(*missing, i)
+		} else {
+			j.g, j.load = guard{}, true
+		}
+	case vLease:
+		if jd.lease != j.token {
+			// Join this process's load that holds the lease, or waits for
+			// it; or become the load that waits for it, which this
+			// process's readers that find it join from now on.
+			if other := l.c.loads.joinOrWait(j.key, jd.lease, j.cl); other != nil {
+				j.join = other
+				return
+			}
+		}
+		j.seen = jd.lease
+	}
+}
+
+// acquire takes the leases of the keys of idx in one pipeline (over: taking
+// over the lease each has seen). A key whose lease it took loads under a
+// lease guard; one Redis failed for loads without storing; one that holds
+// something else is decided on what it holds, without trying again.
+func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
+	if len(idx) == 0 {
+		return
+	}
+	c := l.c
+	leases := make([]string, len(idx))
+	olds := make([]string, len(idx))
+	for n, i := range idx {
+		j := &l.jobs[i]
+		switch {
+		case over:
+			leases[n], olds[n] = newLease(), j.seen
+		case j.from.v == vMiss:
+			leases[n] = j.token // the lease this process's readers join by
+		default:
+			leases[n] = newLease()
+		}
+	}
+	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
+	for n, i := range idx {
+		j := &l.jobs[i]
+		switch {
+		case errs[n] == redis.Nil:
+			j.seen, j.g, j.load = "", guard{kind: guardLease, value: leases[n]}, true
+		case errs[n] != nil:
+			c.report(ctx, j.key, errs[n])
+			j.seen, j.g, j.load = "", guard{}, true
+		default:
+			j.seen = ""
+			l.decide(ctx, i, c.judge(j.key, j.p, reply{s: held[n], left: -1}, true), nil)
+		}
+	}
+}
+
+func (l *loadRun[T]) keysOf(idx []int) []string {
+	keys := make([]string, len(idx))
+	for n, i := range idx {
+		keys[n] = l.jobs[i].key
+	}
+	return keys
 }
 
 // unstored handles a loaded value that could not be stored, and reports
@@ -375,119 +642,136 @@ func isKeyError(err error, key string) bool {
 	return errors.As(err, &e) && e.Key == key
 }
 
-// settle decides, from what the key held when the load began, how the
-// load may store: the lease it takes on a miss, the digest of a value in
-// place, or nothing. It waits for another process's lease with WithLock.
-// done reports that the key turned out to hold a value (or a tombstone)
-// after all, which is then the load's result.
-func (j loadJob[T]) settle(ctx context.Context, from judgement[T]) (g guard, done bool, r result[T], err error) {
-	c, key, p := j.c, j.key, j.p
-	// own is the lease this load writes: on a miss, its token, which
-	// this process's readers that find it in Redis join by.
-	own, over := "", ""
-	if from.v == vMiss {
-		own = j.token
-	}
-	waited, reread := false, false
-	for range 5 {
-		switch from.v {
-		case vHit:
-			if j.refresh {
-				return digestGuard(from), false, r, nil
-			}
-			// A value arrived while this load was settling.
-			from.r.from = fromRedis
-			return g, true, from.r, nil
-		case vTombstone:
-			return g, true, r, ErrNotFound
-		case vStale, vUndecodable:
-			return digestGuard(from), false, r, nil
-		case vUnavailable:
-			c.report(ctx, key, from.err)
-			return guard{}, false, r, nil
-		case vLease:
-			if !reread {
-				// The lease may be that of a load of this process that
-				// has just ended (a reader joins a load of ours under
-				// way without coming here): read once more.
-				reread = true
-				from = c.reread(ctx, key, p)
-				if from.v == vLease && from.lease != j.token {
-					if cl := c.loads.running(key, from.lease); cl != nil {
-						r, err := wait(ctx, cl)
-						return g, true, r, err
-					}
-				}
-				if from.v != vLease {
-					continue
-				}
-			}
-			if c.lockWait <= 0 || (waited && over != "") {
-				return guard{}, false, r, nil
-			}
-			if !waited {
-				waited = true
-				from = c.awaitLease(ctx, key, p)
-				if from.v != vLease {
-					continue
-				}
-			}
-			// The lease outlived the wait: take it over.
-			over = from.lease
-			fallthrough
-		case vMiss:
-			if own == "" {
-				own = newLease()
-			}
-			ok, s, aerr := c.acquire(ctx, key, p, own, over)
-			switch {
-			case aerr != nil:
-				c.report(ctx, key, aerr)
-				return guard{}, false, r, nil
-			case ok || s == own:
-				return guard{kind: guardLease, value: own}, false, r, nil
-			}
-			from = c.judge(key, p, reply{s: s, left: -1}, true)
-			if from.v == vLease && from.lease != j.token {
-				// Another load of this process took the lease between
-				// this one's read and now: its value is as new as this
-				// one's would be.
-				if cl := c.loads.running(key, from.lease); cl != nil {
-					r, err := wait(ctx, cl)
-					return g, true, r, err
-				}
-			}
-		}
-	}
-	return guard{}, false, r, nil
-}
-
-// reread reads key again, for a load that must know what it holds now.
-func (c *Cache[T]) reread(ctx context.Context, key string, p *policy[T]) judgement[T] {
-	return c.judge(key, p, c.fetch(ctx, key, p), true)
-}
-
-// storeLoaded encodes v and stores it under g, and reports whether it was
-// written. It returns the serialized value when each caller decodes its
-// own.
-func (c *Cache[T]) storeLoaded(ctx context.Context, key string, p *policy[T], g guard, v T) ([]byte, bool, error) {
-	e, err := c.encode(ctx, "load", key, p, v)
-	if err != nil {
-		return nil, false, err
-	}
-	var data []byte
-	if c.perCaller {
-		data = bytes.Clone(e.payload)
-	}
-	e.detach()
-	defer e.release()
-	ok, err := c.storeGuarded(ctx, key, p, g, e.stored, c.expiry(p, p.ttl))
-	return data, ok, err
-}
-
 // isNilPointer reports whether v, of a pointer type T, is nil.
 func isNilPointer[T any](v T) bool { return *(*unsafe.Pointer)(unsafe.Pointer(&v)) == nil }
 
-func callLoader[T any](ctx context.Context, ld Loader[T], key string) (T, error) {
-	return ld.Load(ctx, key)
+// A registry keeps this process's loads under way, so that reads that
+// find the same state of a key share one load: a reader joins the load
+// whose lease it found in Redis, which proves that no write has come
+// since the load began. Several loads of one key can be under way, each
+// from a state of its own.
+type registry[T any] struct {
+	mu      sync.Mutex
+	latest  map[string]*call[result[T]]   // the latest load of each key; earlier ones under way hang from its prev
+	byToken map[tokenKey]*call[result[T]] // by key and token (a token alone is not unique: two keys can hold the same bytes)
+	// window is the share window: a load begun with Redis unreachable
+	// (unprovenToken) is shared only within it, as a read is, since
+	// nothing proves the key unwritten since.
+	window int64
 }
+
+type tokenKey struct{ key, token string }
+
+// unprovenToken is the token of loads that begin with Redis unreachable.
+const unprovenToken = "down"
+
+// loadToken names the state a load begins from, so that only reads that
+// found the same state share it: for a miss, the new lease the load will
+// write; for a lease, that lease; for a value in place, its digest; with
+// Redis unreachable, unprovenToken.
+func loadToken[T any](j judgement[T]) string {
+	switch j.v {
+	case vMiss:
+		return newLease()
+	case vLease:
+		return j.lease
+	case vUnavailable:
+		return unprovenToken
+	default:
+		return "sha1:" + j.digest
+	}
+}
+
+// claim returns the load of key from token under way that a caller may
+// join, and true; or registers a new one and returns it and false (always,
+// with share false: WithCoalescing(false)). leaderWaits says whether the
+// caller that registers it will wait on it.
+func (g *registry[T]) claim(key, token string, leaderWaits, share bool) (*call[result[T]], bool) {
+	now := time.Now().UnixNano()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.byToken[tokenKey{key, token}]
+	ok = ok && share && !c.finished && !c.detached.Load()
+	if ok && token == unprovenToken {
+		ok = now < c.began+g.window
+	}
+	if !ok {
+		c = &call[result[T]]{began: now, token: token}
+		if prev := g.latest[key]; prev != nil && !prev.finished {
+			c.prev = prev
+		}
+		if g.latest == nil {
+			g.latest = make(map[string]*call[result[T]])
+			g.byToken = make(map[tokenKey]*call[result[T]])
+		}
+		g.latest[key] = c
+		g.byToken[tokenKey{key, token}] = c
+	}
+	if (ok || leaderWaits) && !c.finished && c.done == nil {
+		c.done = make(chan struct{})
+	}
+	return c, ok
+}
+
+// finish publishes c's result, unless c has finished already (a load
+// released at its timeout finishes before its loader returns), and
+// reports whether it did.
+func (g *registry[T]) finish(key string, c *call[result[T]], v result[T], err error) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if c.finished {
+		return false
+	}
+	c.val, c.err, c.finished = v, err, true
+	for _, token := range append(c.aliases, c.token) {
+		if tk := (tokenKey{key, token}); g.byToken[tk] == c {
+			delete(g.byToken, tk)
+		}
+	}
+	if g.latest[key] == c {
+		delete(g.latest, key)
+	}
+	c.prev = nil
+	c.release()
+	return true
+}
+
+// forget detaches every load of key under way from new callers, for a
+// write: a load begun before it stores nothing over a value in place, and
+// no later caller joins it.
+func (g *registry[T]) forget(key string) {
+	g.mu.Lock()
+	for c := g.latest[key]; c != nil; c = c.prev {
+		c.detached.Store(true)
+	}
+	delete(g.latest, key)
+	g.mu.Unlock()
+}
+
+// joinOrWait returns the load of key under way with token, if any may be
+// joined; if none, it registers c under token as well, as the load that
+// waits for that lease, and returns nil.
+func (g *registry[T]) joinOrWait(key, token string, c *call[result[T]]) *call[result[T]] {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	tk := tokenKey{key, token}
+	if o, ok := g.byToken[tk]; ok && o != c && !o.finished && !o.detached.Load() {
+		if o.done == nil {
+			o.done = make(chan struct{})
+		}
+		return o
+	}
+	if !c.finished {
+		g.byToken[tk] = c
+		c.aliases = append(c.aliases, token)
+	}
+	return nil
+}
+
+// isDetached reports whether a write detached c (see forget).
+func (g *registry[T]) isDetached(c *call[result[T]]) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return c.detached.Load()
+}
+

@@ -75,7 +75,7 @@ func TestSurgeColdKeyLoadsOnce(t *testing.T) {
 		// two loaded cores once saw 103 GETs over 901 ms. Twice the window
 		// count still catches coalescing gone (20,000 GETs).
 		gets := tg.CommandCount(t, "get")
-		if limit := 2*int64(took/packcache.DefaultShareWindow) + 4; gets > limit {
+		if limit := 2*int64(took/(10*time.Millisecond)) + 4; gets > limit {
 			t.Fatalf("Redis GETs = %d over %v, want at most %d", gets, took, limit)
 		}
 		// The lease, then the value.
@@ -101,7 +101,7 @@ func TestSurgeColdKeyLoadsOnce(t *testing.T) {
 		if n := failed.Load(); n != 0 {
 			t.Fatalf("%d callers failed on the hot key", n)
 		}
-		if n, limit := tg.CommandCount(t, "get"), int64(took/packcache.DefaultShareWindow)+2; n > limit {
+		if n, limit := tg.CommandCount(t, "get"), int64(took/(10*time.Millisecond))+2; n > limit {
 			t.Fatalf("hot key surge issued %d GETs over %v, want at most %d", n, took, limit)
 		}
 		if loads.Load() != 1 {
@@ -268,7 +268,7 @@ func TestNegativeCaching(t *testing.T) {
 		}
 		ctx := ctxT(t)
 		var calls atomic.Int64
-		c := mustNew[Channel](t, tg.Client, packcache.WithNegativeTTL(300*time.Millisecond), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		c := mustNew[Channel](t, tg.Client, packcache.WithPrefix("", packcache.Policy{NegativeTTL: 300 * time.Millisecond}), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			calls.Add(1)
 			return Channel{}, packcache.ErrNotFound
 		})))
@@ -302,7 +302,7 @@ func TestNegativeCaching(t *testing.T) {
 func TestTTLJitterBounds(t *testing.T) {
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithTTL(100*time.Second), packcache.WithTTLJitter(0.2))
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(100*time.Second), packcache.WithPrefix("", packcache.Policy{TTLJitter: 0.2}))
 	lo, hi := time.Hour, time.Duration(0)
 	for i := range 200 {
 		k := fmt.Sprint("j", i)
@@ -323,7 +323,7 @@ func TestEarlyRefreshOnce(t *testing.T) {
 	ctx := ctxT(t)
 	var calls atomic.Int64
 	release := make(chan struct{})
-	c := mustNew[Channel](t, rdb, packcache.WithTTL(10*time.Second), packcache.WithRefreshAfter(time.Second),
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: time.Second}),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			n := calls.Add(1)
 			if n > 1 {
@@ -366,7 +366,7 @@ func TestStaleOnError(t *testing.T) {
 	ctx := ctxT(t)
 	var fail atomic.Bool
 	var handled atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithTTL(200*time.Millisecond), packcache.WithStaleFor(5*time.Second),
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(200*time.Millisecond), packcache.WithPrefix("", packcache.Policy{StaleFor: 5 * time.Second}),
 		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) { handled.Add(1) }),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			if fail.Load() {
@@ -385,7 +385,7 @@ func TestStaleOnError(t *testing.T) {
 		t.Fatalf("stale serves %d, errors handled %d", c.Stats().StaleServes, handled.Load())
 	}
 	// A plain reader treats a value past its TTL as missing.
-	if _, err := mustNew[Channel](t, rdb, packcache.WithStaleFor(5*time.Second), packcache.WithTTL(200*time.Millisecond)).Get(ctx, "k"); !errors.Is(err, packcache.ErrMiss) {
+	if _, err := mustNew[Channel](t, rdb, packcache.WithPrefix("", packcache.Policy{StaleFor: 5 * time.Second}), packcache.WithTTL(200*time.Millisecond)).Get(ctx, "k"); !errors.Is(err, packcache.ErrMiss) {
 		t.Fatalf("plain Get of a stale value: %v", err)
 	}
 	fail.Store(false)
@@ -510,7 +510,7 @@ func TestRedisDownReadThrough(t *testing.T) {
 func TestGetOrLoadMany(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
-		c := mustNew[Channel](t, tg.Client, packcache.WithNegativeTTL(time.Minute))
+		c := mustNew[Channel](t, tg.Client, packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}))
 		var keys []string
 		for i := range 100 {
 			keys = append(keys, fmt.Sprint("m:", i))
@@ -750,7 +750,13 @@ type blockScripts struct {
 
 func (h *blockScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *blockScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if n := cmds[0].Name(); h.armed.Load() && (n == "evalsha" || n == "eval") {
+			h.waiting.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
 }
 func (h *blockScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {

@@ -1,7 +1,6 @@
 package packcache
 
 import (
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync/atomic"
@@ -12,59 +11,65 @@ import (
 
 // LocalCache configures a near cache: decoded values kept in this process
 // and served without touching Redis, kept fresh by Redis itself (see
-// WithLocalCache).
+// WithLocalCache). Its fields follow the options' rule: zero means the
+// default.
 type LocalCache struct {
-	// MaxBytes bounds the estimated bytes of the entries held: by default
-	// an entry weighs its serialized length plus its key's and a small
-	// overhead (see Weigh). Entries are evicted by the W-TinyLFU policy of
+	// MaxBytes bounds the estimated bytes of the entries held, 64 MiB by
+	// default: an entry weighs its serialized length plus its key's and a
+	// small overhead. Entries are evicted by the W-TinyLFU policy of
 	// github.com/maypok86/otter/v2 once the total passes it. As a Policy's
 	// Local, Off turns the near cache off for the prefix.
 	MaxBytes int64
 
 	// TTL is the longest an entry is served, however fresh the
-	// invalidation stream proves it. An entry of a value that Redis holds
-	// with a shorter remaining life (known when the policy has StaleFor or
-	// RefreshAfter) lives no longer than that.
+	// invalidation stream proves it; a minute by default. An entry never
+	// outlives its value in Redis either, nor the moment it turns stale or
+	// due for refresh.
 	TTL time.Duration
 
 	// MaxLag is how long the near cache trusts its invalidation stream
-	// without proof. It sends a heartbeat through each invalidation
-	// connection every quarter of MaxLag, and serves entries only while a
-	// heartbeat sent at most MaxLag ago has come back; since Redis sends
-	// a key's invalidation before any later reply, a write that Redis
-	// completed more than MaxLag before a Get began is never hidden from
-	// it. Zero means DefaultMaxLag.
+	// without proof, 500 ms by default. It sends a heartbeat through each
+	// invalidation connection every quarter of MaxLag, and serves entries
+	// only while a heartbeat sent at most MaxLag ago has come back; since
+	// Redis sends a key's invalidation before any later reply, a write
+	// that Redis completed more than MaxLag before a Get began is never
+	// hidden from it.
 	MaxLag time.Duration
-
-	// Weigh, if set, estimates an entry's bytes from its key and value
-	// size in serialized form, replacing the default estimate. A weight of
-	// zero is not cached. It runs inside the eviction policy's locks and
-	// must not call the cache.
-	Weigh func(key string, serialized int) int
 }
 
-// DefaultMaxLag is LocalCache's MaxLag when none is set.
-const DefaultMaxLag = 500 * time.Millisecond
+// The near cache's defaults, for its zero fields.
+const (
+	defaultNearBytes  = 64 << 20
+	defaultNearTTL    = time.Minute
+	defaultNearMaxLag = 500 * time.Millisecond
+)
 
-// entryOverhead is what an entry costs besides its key and value, in the
-// default estimate: otter's node, the entry struct, map slots.
+// entryOverhead is what an entry costs besides its key and value: otter's
+// node, the entry struct, map slots.
 const entryOverhead = 160
 
-func (lc LocalCache) zero() bool {
-	return lc.MaxBytes == 0 && lc.TTL == 0 && lc.MaxLag == 0 && lc.Weigh == nil
-}
+func (lc LocalCache) zero() bool { return lc == LocalCache{} }
 
-func (lc LocalCache) check() error {
-	if lc.MaxBytes == Off {
+// check reports fields outside the rule, and fills in the defaults.
+func (lc *LocalCache) check() error {
+	switch {
+	case lc.MaxBytes == Off:
 		return nil
+	case lc.MaxBytes == 0:
+		lc.MaxBytes = defaultNearBytes
+	case lc.MaxBytes < 0:
+		return fmt.Errorf("LocalCache: MaxBytes %d is neither a size nor Off", lc.MaxBytes)
 	}
-	if lc.MaxBytes < 1 {
-		return fmt.Errorf("LocalCache: MaxBytes %d is not positive", lc.MaxBytes)
+	switch {
+	case lc.TTL == 0:
+		lc.TTL = defaultNearTTL
+	case lc.TTL < 0:
+		return fmt.Errorf("LocalCache: TTL %v is negative", lc.TTL)
 	}
-	if lc.TTL <= 0 {
-		return fmt.Errorf("LocalCache: TTL %v is not positive", lc.TTL)
-	}
-	if lc.MaxLag < 0 {
+	switch {
+	case lc.MaxLag == 0:
+		lc.MaxLag = defaultNearMaxLag
+	case lc.MaxLag < 0:
 		return fmt.Errorf("LocalCache: MaxLag %v is negative", lc.MaxLag)
 	}
 	return nil
@@ -100,9 +105,6 @@ func (lc LocalCache) check() error {
 // WithShareWindow says.
 func WithLocalCache(lc LocalCache) Option {
 	return func(cfg *config) error {
-		if lc.MaxBytes == Off || lc.MaxBytes == 0 {
-			return errors.New("WithLocalCache: MaxBytes must be positive")
-		}
 		if err := lc.check(); err != nil {
 			return fmt.Errorf("WithLocalCache: %w", err)
 		}
@@ -132,8 +134,8 @@ type nearEntry[T any] struct {
 }
 
 func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
-	if lc.MaxLag == 0 {
-		lc.MaxLag = DefaultMaxLag
+	if err := lc.check(); err != nil {
+		return nil, err
 	}
 	n := &near[T]{lc: lc, marks: m}
 	var err error
@@ -166,10 +168,7 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Ti
 		return
 	}
 	w := len(key) + size + entryOverhead
-	if n.lc.Weigh != nil {
-		w = n.lc.Weigh(key, size)
-	}
-	if w <= 0 || int64(w) > n.lc.MaxBytes {
+	if int64(w) > n.lc.MaxBytes {
 		return
 	}
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {

@@ -79,7 +79,7 @@ func TestNearSeesWritesByAnyone(t *testing.T) {
 		ctx := ctxT(t)
 		// No share window: a Get after a write shares no read begun
 		// before it, so what it sees is the near cache's doing.
-		c := mustNew[Channel](t, tg.Client, nearOpts(packcache.WithShareWindow(0))...)
+		c := mustNew[Channel](t, tg.Client, nearOpts(packcache.WithShareWindow(packcache.Off))...)
 		other := otherClient(t, tg)
 		key := "near:" + tg.Name + ":w"
 		if err := c.Set(ctx, key, Channel{ID: "v0"}); err != nil {
@@ -141,8 +141,8 @@ func TestNearSeesWritesByAnyone(t *testing.T) {
 		}
 		slices.Sort(lat)
 		t.Logf("%s: a write by another client seen after p50 %v, p99 %v, max %v (200 writes; the bound is MaxLag, %v)",
-			tg.Name, lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], packcache.DefaultMaxLag)
-		if lat[len(lat)-1] > packcache.DefaultMaxLag+50*time.Millisecond {
+			tg.Name, lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], (500 * time.Millisecond))
+		if lat[len(lat)-1] > (500*time.Millisecond)+50*time.Millisecond {
 			t.Errorf("a write went unseen for %v", lat[len(lat)-1])
 		}
 
@@ -222,7 +222,7 @@ func TestNearKilledConnection(t *testing.T) {
 			if v.ID == "written-while-down" {
 				break
 			}
-			if since := time.Since(written); since > packcache.DefaultMaxLag+50*time.Millisecond {
+			if since := time.Since(written); since > (500*time.Millisecond)+50*time.Millisecond {
 				t.Fatalf("%v after a write made while the invalidation connection was down, the near cache still serves %q", since, v.ID)
 			}
 		}
@@ -251,7 +251,7 @@ func TestNearStalledRedis(t *testing.T) {
 	waitNear(t, c, "stall")
 	s.Pause(t)
 	defer s.Resume(t)
-	time.Sleep(packcache.DefaultMaxLag + 50*time.Millisecond)
+	time.Sleep((500 * time.Millisecond) + 50*time.Millisecond)
 	before := c.Stats().NearHits
 	v, err := c.Get(ctx, "stall")
 	if err != nil || v.ID != "loaded" || c.Stats().NearHits != before {
@@ -271,7 +271,7 @@ func TestNearNoOlderReadAfterWrite(t *testing.T) {
 			rdb := s.Client(t)
 			rdb.AddHook(hook)
 			ctx := ctxT(t)
-			c := mustNew[Channel](t, rdb, nearOpts(packcache.WithShareWindow(0))...)
+			c := mustNew[Channel](t, rdb, nearOpts(packcache.WithShareWindow(packcache.Off))...)
 			other := s.Client(t)
 			c.Set(ctx, "k", Channel{ID: "old"})
 			c.Get(ctx, "warm") // the invalidation stream is up
@@ -367,11 +367,11 @@ func TestNearMemoryBound(t *testing.T) {
 		}
 		return peak
 	}
-	plain := mustNew[[]byte](t, rdb, packcache.WithShareWindow(0))
+	plain := mustNew[[]byte](t, rdb, packcache.WithShareWindow(packcache.Off))
 	without := stream(plain, "plain")
 	// A long MaxLag: a loaded machine delaying heartbeats must not stop
 	// the near cache serving while the test looks at what it holds.
-	c := mustNew[[]byte](t, rdb, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: maxBytes, TTL: time.Hour, MaxLag: 10 * time.Second}), packcache.WithShareWindow(0))
+	c := mustNew[[]byte](t, rdb, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: maxBytes, TTL: time.Hour, MaxLag: 10 * time.Second}), packcache.WithShareWindow(packcache.Off))
 	waitNearMiss(t, c)
 	with := stream(c, "near")
 	st := c.Stats()

@@ -64,7 +64,7 @@ func TestObserverEvents(t *testing.T) {
 	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
 	ctx := ctxT(t)
 	rec := &recorder{}
-	c := mustNew[Channel](t, rdb, packcache.WithObserver(rec), packcache.WithCircuitBreaker(2, time.Minute), packcache.WithShareWindow(0),
+	c := mustNew[Channel](t, rdb, packcache.WithObserver(rec), packcache.WithCircuitBreaker(2, time.Minute), packcache.WithShareWindow(packcache.Off),
 		packcache.WithPrefix("ch:", packcache.Policy{Codec: codec.LZ4}),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			switch key {
@@ -74,7 +74,7 @@ func TestObserverEvents(t *testing.T) {
 				return Channel{}, errors.New("db down")
 			}
 			return makeChannel(3, 8<<10), nil
-		})), packcache.WithNegativeTTL(time.Minute))
+		})), packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}))
 	if _, err := c.Get(ctx, "ch:1"); err != nil { // miss, load, encode
 		t.Fatal(err)
 	}

@@ -10,29 +10,32 @@ import (
 	"github.com/packcache/packcache/codec"
 )
 
-// Defaults used where no option says otherwise.
+// The defaults, used where an option or Policy field is zero.
 const (
-	DefaultCompressAbove = 1024             // bytes of serialized value
-	DefaultTTL           = time.Hour        // expiry of stored values
-	DefaultMaxValueSize  = 64 << 20         // bytes, decoded
-	DefaultLoadTimeout   = 30 * time.Second // bound on a load
-	DefaultRedisTimeout  = time.Second      // bound on each Redis call
-	DefaultShareWindow   = 10 * time.Millisecond
+	defaultCompressAbove = 1024             // bytes of serialized value
+	defaultTTL           = time.Hour        // expiry of stored values
+	defaultMaxValueSize  = 64 << 20         // bytes, decoded
+	defaultLoadTimeout   = 30 * time.Second // bound on a load
+	defaultRedisTimeout  = time.Second      // bound on each Redis call
+	defaultShareWindow   = 10 * time.Millisecond
 )
 
-// Off, as a Policy field or as the argument of the options that take it,
-// turns a setting off: no expiry (TTL; the same as NoExpiration), no
-// compression (CompressAbove), no minimum saving beyond one byte
-// (MinSaving), no jitter, no negative caching, no early refresh, no stale
-// window.
-const Off = -1
+// Every option and Policy field follows one rule: zero means the default
+// (in a Policy: inherit the cache's setting), Off turns the setting off,
+// and any other value sets it. The explicit sentinels beside Off are
+// CompressAll and NoLoader.
 
-// NoExpiration, as a TTL, stores values without an expiry. It is Off.
-const NoExpiration time.Duration = Off
+// Off, as the argument of an option or a Policy field, turns a setting
+// off: no expiry (TTL), no compression (CompressAbove), no minimum saving
+// beyond one byte (MinSaving), no jitter, no negative caching, no early
+// refresh, no stale window, no near cache (LocalCache.MaxBytes), no share
+// window past a read's reply (WithShareWindow), no circuit breaker
+// (WithCircuitBreaker).
+const Off = -1
 
 // CompressAll, as CompressAbove, compresses every non-empty value however
 // small (still storing it plain when compression does not save MinSaving
-// bytes). WithCompressAbove(0) means the same.
+// bytes).
 const CompressAll = -2
 
 // NoLoader, as a Policy's Loader, turns read-through off for the prefix
@@ -45,17 +48,18 @@ type noLoader struct{}
 // WithPrefix.
 //
 // Every field follows one rule: its zero value inherits the cache's
-// setting, Off turns the setting off for the prefix, and any other value
-// sets it. CompressAbove also takes CompressAll, and Loader takes
-// NoLoader. Values outside these are an error in New.
+// setting (given with WithPrefix("", p), or the defaults below), Off turns
+// the setting off for the prefix, and any other value sets it.
+// CompressAbove also takes CompressAll, and Loader takes NoLoader. Values
+// outside these are an error in New.
 type Policy struct {
-	// Codec compresses values above CompressAbove. codec.None stores every
-	// value plain.
+	// Codec compresses values above CompressAbove; the default is
+	// codec.Zstd. codec.None stores every value plain.
 	Codec codec.Codec
 
 	// CompressAbove is the serialized size in bytes above which a value is
-	// compressed; values at or below it are stored plain. CompressAll
-	// compresses every value, Off none.
+	// compressed, 1024 by default; values at or below it are stored plain.
+	// CompressAll compresses every value, Off none.
 	CompressAbove int
 
 	// MinSaving is the number of bytes compression must save for the
@@ -63,8 +67,8 @@ type Policy struct {
 	// The cache's default is 1 (any saving at all), which Off also means.
 	MinSaving int
 
-	// TTL is how long a stored value lives. NoExpiration (Off) keeps it
-	// until it is deleted or evicted.
+	// TTL is how long a stored value lives, an hour by default. Off keeps
+	// it until it is deleted or evicted.
 	TTL time.Duration
 
 	// TTLJitter, a fraction in (0, 1), shortens each value's TTL by a
@@ -77,7 +81,9 @@ type Policy struct {
 	// turns read-through off for the prefix.
 	Loader any
 
-	// NegativeTTL is how long a loader's ErrNotFound is remembered.
+	// NegativeTTL is how long a loader's ErrNotFound is remembered, so
+	// that a key missing at the source does not send every request to the
+	// loader. By default nothing is remembered.
 	NegativeTTL time.Duration
 
 	// RefreshAfter, with a loader, makes a Get of a value older than this
@@ -93,7 +99,8 @@ type Policy struct {
 	// Local keeps the prefix's decoded values in a near cache of its own
 	// (see WithLocalCache). The zero LocalCache inherits the cache's (the
 	// prefix then shares its near cache and its MaxBytes);
-	// LocalCache{MaxBytes: Off} turns it off for the prefix.
+	// LocalCache{MaxBytes: Off} turns it off for the prefix. (In the
+	// cache's own policy, the zero LocalCache is no near cache.)
 	Local LocalCache
 }
 
@@ -119,6 +126,8 @@ type config struct {
 	envSet       map[string][]string // WithEnv: the variables set, by prefix ("" for the base)
 }
 
+var defaultBreaker = breakerConfig{failures: 5, cooldown: time.Second}
+
 type breakerConfig struct {
 	failures int           // consecutive failures that open it; 0 disables
 	cooldown time.Duration // how long it stays open before a probe
@@ -128,9 +137,9 @@ func defaultConfig() config {
 	return config{
 		base: Policy{
 			Codec:         codec.Zstd,
-			CompressAbove: DefaultCompressAbove,
+			CompressAbove: defaultCompressAbove,
 			MinSaving:     1,
-			TTL:           DefaultTTL,
+			TTL:           defaultTTL,
 			TTLJitter:     Off,
 			NegativeTTL:   Off,
 			RefreshAfter:  Off,
@@ -139,18 +148,18 @@ func defaultConfig() config {
 		},
 		prefixes:     map[string]Policy{},
 		serializer:   JSON,
-		maxValueSize: DefaultMaxValueSize,
-		loadTimeout:  DefaultLoadTimeout,
-		redisTimeout: DefaultRedisTimeout,
+		maxValueSize: defaultMaxValueSize,
+		loadTimeout:  defaultLoadTimeout,
+		redisTimeout: defaultRedisTimeout,
 		coalesce:     true,
-		shareWindow:  DefaultShareWindow,
-		breaker:      breakerConfig{failures: 5, cooldown: time.Second},
+		shareWindow:  defaultShareWindow,
+		breaker:      defaultBreaker,
 	}
 }
 
 // WithCodec sets the codec values above the compression threshold are
 // written with; the default is codec.Zstd. Readers decode every registered
-// codec whatever this says.
+// codec whatever this says. It is Policy.Codec of the cache's own policy.
 func WithCodec(c codec.Codec) Option {
 	return func(cfg *config) error {
 		if c == nil {
@@ -162,60 +171,32 @@ func WithCodec(c codec.Codec) Option {
 }
 
 // WithCompressAbove sets the serialized size in bytes above which values
-// are compressed; values at or below it are stored plain. The default is
-// DefaultCompressAbove. Zero (or CompressAll) compresses every non-empty
-// value; Off compresses none.
+// are compressed; values at or below it are stored plain. Zero means the
+// default, 1024; CompressAll compresses every non-empty value; Off
+// compresses none. It is Policy.CompressAbove of the cache's own policy.
 func WithCompressAbove(n int) Option {
 	return func(cfg *config) error {
-		switch {
-		case n == 0:
-			n = CompressAll
-		case n < 0 && n != Off && n != CompressAll:
-			return fmt.Errorf("WithCompressAbove: negative size %d", n)
-		}
-		cfg.base.CompressAbove = n
-		return nil
+		return cfg.setBase("WithCompressAbove", Policy{CompressAbove: n})
 	}
 }
 
-// WithMinSaving sets how many bytes compression must save for a value to
-// be stored compressed. The default is 1.
-func WithMinSaving(n int) Option {
-	return func(cfg *config) error {
-		if n < 1 {
-			return fmt.Errorf("WithMinSaving: %d is below 1", n)
-		}
-		cfg.base.MinSaving = n
-		return nil
-	}
-}
-
-// WithTTL sets how long stored values live; the default is DefaultTTL.
-// NoExpiration stores values without an expiry. Precision is one
-// millisecond; a TTL is never rounded up or replaced.
+// WithTTL sets how long stored values live. Zero means the default, an
+// hour; Off stores values without an expiry. Precision is one
+// millisecond; a TTL is never rounded up or replaced. It is Policy.TTL of
+// the cache's own policy.
 func WithTTL(d time.Duration) Option {
 	return func(cfg *config) error {
-		if err := checkTTL("WithTTL", d); err != nil {
-			return err
-		}
-		cfg.base.TTL = d
-		return nil
+		return cfg.setBase("WithTTL", Policy{TTL: d})
 	}
 }
 
-// WithTTLJitter shortens each value's TTL by a random fraction of up to f
-// (0 <= f < 1), so keys written together do not expire together.
-func WithTTLJitter(f float64) Option {
-	return func(cfg *config) error {
-		if !(f >= 0 && f < 1) {
-			return fmt.Errorf("WithTTLJitter: %v is not in [0, 1)", f)
-		}
-		if f == 0 {
-			f = Off
-		}
-		cfg.base.TTLJitter = f
-		return nil
+// setBase sets the non-zero fields of p in the cache's own policy.
+func (cfg *config) setBase(what string, p Policy) error {
+	if err := p.check(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
+	cfg.base = p.merge(cfg.base)
+	return nil
 }
 
 // WithSerializer sets how values are turned into bytes; the default is
@@ -232,14 +213,17 @@ func WithSerializer(s Serializer) Option {
 }
 
 // WithMaxValueSize sets the largest serialized value, in bytes, the cache
-// stores or decodes; the default is DefaultMaxValueSize. A stored value
-// that would decode to more is an error matching ErrTooLarge, found before
+// stores or decodes; zero means the default, 64 MiB. A stored value that
+// would decode to more is an error matching ErrTooLarge, found before
 // memory is allocated for it, so a hostile value cannot make the process
 // allocate more than about this much.
 func WithMaxValueSize(n int) Option {
 	return func(cfg *config) error {
-		if n < 1 {
-			return fmt.Errorf("WithMaxValueSize: %d is below 1", n)
+		switch {
+		case n == 0:
+			n = defaultMaxValueSize
+		case n < 0:
+			return fmt.Errorf("WithMaxValueSize: %d is negative", n)
 		}
 		cfg.maxValueSize = n
 		return nil
@@ -248,12 +232,18 @@ func WithMaxValueSize(n int) Option {
 
 // WithPrefix sets the policy for keys that begin with prefix. Where
 // prefixes nest, the longest that matches a key wins; fields left zero
-// inherit the cache's options (not a shorter prefix's). Setting one prefix
-// twice is an error.
+// inherit the cache's own policy (not a shorter prefix's). Setting one
+// prefix twice is an error.
+//
+// The empty prefix is the cache's own policy, which every key under no
+// other prefix gets and every prefix inherits: WithPrefix("", p) sets its
+// non-zero fields (MinSaving, TTLJitter, NegativeTTL, RefreshAfter,
+// StaleFor, or any other), as WithCodec, WithCompressAbove, WithTTL,
+// WithLoader and WithLocalCache set theirs.
 func WithPrefix(prefix string, p Policy) Option {
 	return func(cfg *config) error {
 		if prefix == "" {
-			return errors.New("WithPrefix: empty prefix; use the cache's options")
+			return cfg.setBase(`WithPrefix ""`, p)
 		}
 		if _, dup := cfg.prefixes[prefix]; dup {
 			return fmt.Errorf("WithPrefix: prefix %q set twice", prefix)
@@ -266,53 +256,17 @@ func WithPrefix(prefix string, p Policy) Option {
 	}
 }
 
-// WithNegativeTTL makes the cache remember, for d, that a loader returned
-// ErrNotFound for a key, so a key missing at the source does not send
-// every request to the loader. By default nothing is remembered.
-func WithNegativeTTL(d time.Duration) Option {
-	return func(cfg *config) error {
-		if d <= 0 {
-			return fmt.Errorf("WithNegativeTTL: %v is not positive", d)
-		}
-		cfg.base.NegativeTTL = d
-		return nil
-	}
-}
-
-// WithRefreshAfter makes a Get of a value older than d reload it in the
-// background (one reload per key per process at a time) while callers keep
-// getting the cached value. It needs a loader and a TTL longer than d.
-func WithRefreshAfter(d time.Duration) Option {
-	return func(cfg *config) error {
-		if d <= 0 {
-			return fmt.Errorf("WithRefreshAfter: %v is not positive", d)
-		}
-		cfg.base.RefreshAfter = d
-		return nil
-	}
-}
-
-// WithStaleFor keeps values in Redis for d past their TTL; when a reload
-// of an expired value fails, the stale value is returned instead of the
-// error, for up to d.
-func WithStaleFor(d time.Duration) Option {
-	return func(cfg *config) error {
-		if d <= 0 {
-			return fmt.Errorf("WithStaleFor: %v is not positive", d)
-		}
-		cfg.base.StaleFor = d
-		return nil
-	}
-}
-
 // WithLoadTimeout bounds each load: the loader's context ends after d, and
 // the callers waiting for a load that has not returned by then get an error
 // matching ErrLoadTimeout. Nothing is stored for such a load, even if the
-// loader returns a value afterwards. The default is DefaultLoadTimeout.
+// loader returns a value afterwards. Zero means the default, 30 s.
 func WithLoadTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
-		if d <= 0 {
-			return fmt.Errorf("WithLoadTimeout: %v is not positive", d)
+		switch {
+		case d == 0:
+			d = defaultLoadTimeout
+		case d < 0:
+			return fmt.Errorf("WithLoadTimeout: %v is negative", d)
 		}
 		cfg.loadTimeout = d
 		return nil
@@ -321,18 +275,21 @@ func WithLoadTimeout(d time.Duration) Option {
 
 // WithRedisTimeout sets the cache's time budget for each Redis call it
 // makes (a GET, a pipeline, a SET, a lease script): past it the call fails
-// with an error matching ErrRedis and context.DeadlineExceeded, a
-// read-through caller is answered from the loader, and the circuit breaker
-// counts a failure of the node. The default is DefaultRedisTimeout. A
-// caller's own earlier deadline still applies.
+// with an error matching ErrRedis, a read-through caller is answered from
+// the loader, and the circuit breaker counts a failure of the node. Zero
+// means the default, one second. A caller's own earlier deadline still
+// applies.
 //
 // The budget reaches the network only if the client honours context
 // deadlines: New fails for a go-redis client whose ContextTimeoutEnabled
 // is false.
 func WithRedisTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
-		if d <= 0 {
-			return fmt.Errorf("WithRedisTimeout: %v is not positive", d)
+		switch {
+		case d == 0:
+			d = defaultRedisTimeout
+		case d < 0:
+			return fmt.Errorf("WithRedisTimeout: %v is negative", d)
 		}
 		cfg.redisTimeout = d
 		return nil
@@ -340,16 +297,17 @@ func WithRedisTimeout(d time.Duration) Option {
 }
 
 // WithCoalescing turns coalescing of concurrent Gets of one key on (the
-// default) or off.
+// default) or off. Off, each Get reads Redis, decodes and, on a miss,
+// loads on its own: for measuring what coalescing saves.
 func WithCoalescing(on bool) Option {
 	return func(cfg *config) error { cfg.coalesce = on; return nil }
 }
 
-// WithShareWindow sets the share window, DefaultShareWindow by default:
-// a Get shares the read (and decode, and load) of another Get of the same
-// key begun at most d before it, whether that read is still in flight or
-// has ended, so the value it gets is never from a read sent more than d
-// before its own would have been. Zero shares only reads still in flight:
+// WithShareWindow sets the share window, 10 ms by default (zero): a Get
+// shares the read (and decode, and load) of another Get of the same key
+// begun at most d before it, whether that read is still in flight or has
+// ended, so the value it gets is never from a read sent more than d before
+// its own would have been. Off shares only reads still in flight:
 // concurrent callers coalesce, and a Get that comes after a read ended
 // reads afresh.
 //
@@ -360,8 +318,13 @@ func WithCoalescing(on bool) Option {
 // cache ends the window for its key at once.
 func WithShareWindow(d time.Duration) Option {
 	return func(cfg *config) error {
-		if d < 0 {
-			return fmt.Errorf("WithShareWindow: %v is negative", d)
+		switch {
+		case d == 0:
+			d = defaultShareWindow
+		case d == Off:
+			d = 0
+		case d < 0:
+			return fmt.Errorf("WithShareWindow: %v is neither a duration nor Off", d)
 		}
 		cfg.shareWindow = d
 		return nil
@@ -397,13 +360,16 @@ func WithErrorHandler(f func(ctx context.Context, key string, err error)) Option
 // lease is still there after wait (its holder died or is slow), the Get
 // takes the lease over and loads and stores the value itself; the former
 // holder's value is then not stored. wait should exceed the usual load
-// time.
+// time. Zero (the default) and Off do not wait.
 //
-// Without WithLock, such a Get loads the value itself and returns it
-// without storing it, so every process that misses at once loads once.
+// Without it, such a Get loads the value itself and returns it without
+// storing it, so every process that misses at once loads once.
 func WithLock(wait time.Duration) Option {
 	return func(cfg *config) error {
-		if wait < time.Millisecond {
+		switch {
+		case wait == 0 || wait == Off:
+			wait = 0
+		case wait < time.Millisecond:
 			return fmt.Errorf("WithLock: wait %v is under a millisecond", wait)
 		}
 		cfg.lockWait = wait
@@ -412,19 +378,32 @@ func WithLock(wait time.Duration) Option {
 }
 
 // WithCircuitBreaker sets how many consecutive failures of a Redis node
-// open its circuit breaker and how long it stays open before one call
-// probes the node again. There is one breaker per node: per master on a
-// Redis Cluster. While a node's breaker is open, calls for its keys do not
-// wait on it: read-through calls answer from the loader, the others fail
-// with ErrCircuitOpen. A failure is the node's own: a network error, a
-// refused connection, a reply such as LOADING or CLUSTERDOWN, or the
-// WithRedisTimeout budget running out; never a caller's context ending.
-// The default is 5 failures and one second; failures of 0 turns the
-// breaker off.
+// open its circuit breaker, 5 by default (zero), and how long it stays
+// open before one call probes the node again, one second by default
+// (zero). Off, as failures, turns the breaker off. There is one breaker
+// per node: per master on a Redis Cluster. While a node's breaker is open,
+// calls for its keys do not wait on it: read-through calls answer from the
+// loader, the others fail with ErrCircuitOpen. A failure is the node's
+// own: a network error, a reply such as LOADING or CLUSTERDOWN, or the
+// WithRedisTimeout budget running out; never a caller's context ending. A
+// refused connection (nothing listens at the node's address) opens the
+// breaker at once, whatever the count.
 func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 	return func(cfg *config) error {
-		if failures < 0 || (failures > 0 && cooldown <= 0) {
-			return fmt.Errorf("WithCircuitBreaker: bad settings %d, %v", failures, cooldown)
+		switch {
+		case failures == Off:
+			cfg.breaker = breakerConfig{}
+			return nil
+		case failures == 0:
+			failures = defaultBreaker.failures
+		case failures < 0:
+			return fmt.Errorf("WithCircuitBreaker: failures %d is neither a count nor Off", failures)
+		}
+		switch {
+		case cooldown == 0:
+			cooldown = defaultBreaker.cooldown
+		case cooldown < 0:
+			return fmt.Errorf("WithCircuitBreaker: cooldown %v is negative", cooldown)
 		}
 		cfg.breaker = breakerConfig{failures, cooldown}
 		return nil
@@ -432,8 +411,8 @@ func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 }
 
 func checkTTL(what string, d time.Duration) error {
-	if d != NoExpiration && d < time.Millisecond {
-		return fmt.Errorf("%s: TTL %v is neither NoExpiration nor at least a millisecond", what, d)
+	if d != Off && d < time.Millisecond {
+		return fmt.Errorf("%s: TTL %v is neither Off nor at least a millisecond", what, d)
 	}
 	return nil
 }

@@ -66,7 +66,7 @@ type heldCall[V any] struct {
 }
 
 // joinable reports whether a caller arriving at now may share the read c.
-// (Loads are joined by their token; see group.acquire.) The group's mutex
+// (Loads are joined by their token: see registry.) The group's mutex
 // is held.
 func (s *share[V]) joinable(c *call[V], now int64) bool {
 	if !c.finished && s.window == 0 {
@@ -80,7 +80,7 @@ func (s *share[V]) joinable(c *call[V], now int64) bool {
 // The group's mutex is held.
 func (s *share[V]) hold(key string, c *call[V], now int64) bool {
 	until := min(c.began+s.window, c.val.shareUntil(c.err))
-	if s.window == 0 || c.token != "" || c.detached.Load() || now >= until {
+	if s.window == 0 || c.detached.Load() || now >= until {
 		c.until.Store(0)
 		s.cool(key, c)
 		return false

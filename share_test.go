@@ -9,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/internal/redistest"
 )
 
@@ -40,7 +39,7 @@ func (h delayGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestShareWindowBoundWithSlowReplies(t *testing.T) {
 	s := redistest.Start(t)
 	const delay = 300 * time.Millisecond
-	const window = packcache.DefaultShareWindow
+	const window = (10 * time.Millisecond)
 	slow := s.Client(t)
 	slow.AddHook(delayGets{delay})
 	ctx := ctxT(t)

@@ -118,7 +118,7 @@ func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T
 
 // expiry applies the policy's jitter and stale window to a TTL.
 func (c *Cache[T]) expiry(p *policy[T], ttl time.Duration) time.Duration {
-	if ttl == NoExpiration {
+	if ttl == Off {
 		return ttl
 	}
 	if p.jitter > 0 {
@@ -132,7 +132,7 @@ func (c *Cache[T]) expiry(p *policy[T], ttl time.Duration) time.Duration {
 
 // redisTTL is ttl as go-redis takes it, where 0 means no expiry.
 func redisTTL(ttl time.Duration) time.Duration {
-	if ttl == NoExpiration {
+	if ttl == Off {
 		return 0
 	}
 	return ttl

@@ -32,7 +32,7 @@ func BenchmarkGetHit(b *testing.B) {
 		doc := makeDoc("bench", size.bytes)
 		for _, observed := range []bool{false, true} {
 			name := "size=" + size.name + "/observer=off"
-			opts := []packcache.Option{packcache.WithShareWindow(0), packcache.WithPrefix("doc:", packcache.Policy{})}
+			opts := []packcache.Option{packcache.WithShareWindow(packcache.Off), packcache.WithPrefix("doc:", packcache.Policy{})}
 			if observed {
 				name = "size=" + size.name + "/observer=otel"
 				obs, _ := newObserver(b)

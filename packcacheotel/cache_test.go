@@ -75,7 +75,7 @@ func TestCacheMetrics(t *testing.T) {
 	rdb := s.Client(t)
 	ctx := ctxT(t)
 	obs, r := newObserver(t)
-	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithShareWindow(0), packcache.WithNegativeTTL(time.Minute),
+	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithShareWindow(packcache.Off), packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}),
 		packcache.WithPrefix("doc:", packcache.Policy{Codec: codec.LZ4}),
 		packcache.WithPrefix("neg:", packcache.Policy{}),
 		packcache.WithLoader(packcache.LoaderFunc[Doc](func(ctx context.Context, key string) (Doc, error) {
@@ -273,7 +273,7 @@ func TestBreakerMetrics(t *testing.T) {
 	ctx := ctxT(t)
 	obs, r := newObserver(t)
 	const cooldown = 50 * time.Millisecond
-	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithShareWindow(0), packcache.WithCircuitBreaker(2, cooldown),
+	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(2, cooldown),
 		packcache.WithPrefix("doc:", packcache.Policy{}))
 	if err := c.Set(ctx, "doc:1", makeDoc("doc:1", 100)); err != nil {
 		t.Fatal(err)
@@ -356,7 +356,7 @@ func TestClusterBreakerPerNode(t *testing.T) {
 	})
 	ctx := ctxT(t)
 	obs, r := newObserver(t)
-	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithShareWindow(0), packcache.WithCircuitBreaker(2, time.Minute),
+	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(2, time.Minute),
 		packcache.WithPrefix("n:", packcache.Policy{}))
 	victim := cl.Nodes()[1]
 	_, victimPort, _ := strings.Cut(victim.Addr(), ":")

@@ -38,7 +38,7 @@ func ExampleNewObserver() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	type User struct{ Name string }
-	c, err := packcache.New[User](rdb, packcache.WithObserver(obs), packcache.WithShareWindow(0),
+	c, err := packcache.New[User](rdb, packcache.WithObserver(obs), packcache.WithShareWindow(packcache.Off),
 		packcache.WithPrefix("user:", packcache.Policy{}),
 		packcache.WithLoader(packcache.LoaderFunc[User](func(ctx context.Context, key string) (User, error) {
 			return User{Name: "Ada"}, nil

@@ -38,7 +38,7 @@ type connFlags struct {
 const defaultAddr = "127.0.0.1:6379"
 
 // defaultMaxValueSize is the decoded-size limit, the same as the library's
-// packcache.DefaultMaxValueSize.
+// (64 << 20).
 const defaultMaxValueSize = 64 << 20
 
 func (f *connFlags) register(cmd *cobra.Command) {

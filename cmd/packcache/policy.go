@@ -119,7 +119,7 @@ const never = math.MaxInt
 // form.
 const minSaving = 1
 
-// defaultCompressAbove is the library's packcache.DefaultCompressAbove.
+// defaultCompressAbove is the library's (1024).
 const defaultCompressAbove = 1024
 
 // parseAbove reads --compress-above: bytes, or "off".

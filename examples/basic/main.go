@@ -198,7 +198,7 @@ func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 		shown = shown[:80] + "..."
 	}
 	fmt.Fprintf(w, "\nsmall value (%d B, under the %d B threshold) stored as %s: %s\nread back equal: %v\n",
-		len(rep.SmallRaw), packcache.DefaultCompressAbove, storedCodec([]byte(rep.SmallRaw)), shown, rep.SmallEqual)
+		len(rep.SmallRaw), (1024), storedCodec([]byte(rep.SmallRaw)), shown, rep.SmallEqual)
 	return rep, nil
 }
 

@@ -32,9 +32,9 @@ var nearLocal = packcache.LocalCache{MaxBytes: 64 << 20, TTL: time.Minute}
 // The subjects, by name.
 const (
 	nDef     = "packcache default"
-	nNoWin   = "packcache WithShareWindow(0)"
+	nNoWin   = "packcache WithShareWindow(Off)"
 	nNear    = "packcache WithLocalCache"
-	nNearNoW = "packcache WithLocalCache + WithShareWindow(0)"
+	nNearNoW = "packcache WithLocalCache + WithShareWindow(Off)"
 	nGCLocal = "go-redis/cache + TinyLFU"
 	nGCOnce  = "go-redis/cache Once"
 	nGCLOnce = "go-redis/cache + TinyLFU Once"
@@ -223,15 +223,15 @@ func (e *env) suiteNear(ctx context.Context) error {
 		lat:       map[string]*latResult{},
 		surge:     map[string][]surgeResult{},
 		surgeNear: map[string][]uint64{},
-		maxLag:    packcache.DefaultMaxLag,
+		maxLag:    (500 * time.Millisecond),
 	}
 	if nearLocal.MaxLag > 0 {
 		res.maxLag = nearLocal.MaxLag
 	}
 	e.header("near", fmt.Sprintf("The near cache: packcache.Cache[Channel] with WithLocalCache(LocalCache{MaxBytes: %d << 20, TTL: %v}) keeps decoded values in process, kept fresh by Redis CLIENT TRACKING invalidations; one hot %d-byte channel. "+
-		"Against packcache default (the share window: a read of Redis at most every %v, shared), packcache WithShareWindow(0) (a read of Redis and a decode per Get, unless a read is in flight), and go-redis/cache v9 with its local TinyLFU (cache.NewTinyLFU(1000, time.Minute): it keeps the serialized bytes and decodes them on every Get). "+
+		"Against packcache default (the share window: a read of Redis at most every %v, shared), packcache WithShareWindow(Off) (a read of Redis and a decode per Get, unless a read is in flight), and go-redis/cache v9 with its local TinyLFU (cache.NewTinyLFU(1000, time.Minute): it keeps the serialized bytes and decodes them on every Get). "+
 		"And rueidis (%s) with client-side caching, kept fresh by CLIENT TRACKING invalidations too (RESP3, OPTIN; client-side TTL %v): %s (a DoCache of GET) and %s (rueidisaside's Get over DoCache); they store what packcache stores and keep the reply, those bytes, shared by every Get, which decodes them (zstd, packcache.JSON), where packcache's near cache keeps the decoded value and hands it out.",
-		nearLocal.MaxBytes>>20, nearLocal.TTL, len(raw), packcache.DefaultShareWindow, rueidisVersion(), rueidisTTL, nRueidis, nAside))
+		nearLocal.MaxBytes>>20, nearLocal.TTL, len(raw), (10*time.Millisecond), rueidisVersion(), rueidisTTL, nRueidis, nAside))
 	if err := e.nearRate(ctx, ch, rateFor, res); err != nil {
 		return err
 	}
@@ -258,7 +258,7 @@ func (e *env) nearRate(ctx context.Context, ch Channel, d time.Duration, res *ne
 		opts []packcache.Option
 	}{
 		{nDef, nil},
-		{nNoWin, []packcache.Option{packcache.WithShareWindow(0)}},
+		{nNoWin, []packcache.Option{packcache.WithShareWindow(packcache.Off)}},
 		{nNear, []packcache.Option{packcache.WithLocalCache(nearLocal)}},
 	} {
 		s, err := packcacheGetSubject(e.rdb, mk.name, mk.opts...)
@@ -416,7 +416,7 @@ func (l *latResult) gapText() string { return fmt.Sprintf("%v–%v", l.gap, 2*l.
 // settled is more than the share window, so that the near cache's last
 // read of Redis is no longer shared when the write comes; soon is less.
 const (
-	gapSettled = 2 * packcache.DefaultShareWindow
+	gapSettled = 2 * (10 * time.Millisecond)
 	gapSoon    = time.Millisecond
 )
 
@@ -463,7 +463,7 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 	if err != nil {
 		return err
 	}
-	nearNoW, err := reader(nNearNoW, true, packcache.WithLocalCache(nearLocal), packcache.WithShareWindow(0))
+	nearNoW, err := reader(nNearNoW, true, packcache.WithLocalCache(nearLocal), packcache.WithShareWindow(packcache.Off))
 	if err != nil {
 		return err
 	}
@@ -471,7 +471,7 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 	if err != nil {
 		return err
 	}
-	noWin, err := reader(nNoWin, false, packcache.WithShareWindow(0))
+	noWin, err := reader(nNoWin, false, packcache.WithShareWindow(packcache.Off))
 	if err != nil {
 		return err
 	}
@@ -562,7 +562,7 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 	}
 
 	fmt.Fprintf(e.out, "\n### near: another process's write, seen\n\nA second go-redis client with connections of its own (another process, as far as Redis can tell) Sets a new value of the channel, through packcache (go-redis/cache for go-redis/cache's row; the rueidis rows read what packcache writes). The reader Gets in a tight loop throughout, as a hot key's readers do; the time runs from the Set's return to the first Get that returns the new value, so it includes that Get's own read of Redis and decode. Each write comes a random gap after the reader first saw the previous one (and, for the near caches, once the near cache serves again). A write not seen within %v counts as unseen. Bounds: the near cache's is MaxLag (%v) for writes Redis completed before a Get began; the share window's is the window (%v): a Get may share a read begun up to a window earlier, and with the near cache that includes the read that filled it, which the \"%v\" rows show.\n\n",
-		bound, res.maxLag, packcache.DefaultShareWindow, (&latResult{gap: gapSoon}).gapText())
+		bound, res.maxLag, (10 * time.Millisecond), (&latResult{gap: gapSoon}).gapText())
 	fmt.Fprintln(e.out, "| subject | gap before each write | writes | seen | p50 | p99 | max |")
 	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|--:|--:|")
 	for i, l := range results {

@@ -67,7 +67,7 @@ const (
 	pGC       = "(c) go-redis/cache (msgpack+s2)"
 	pGCLocal  = "(c) go-redis/cache + TinyLFU"
 	pPCDef    = "(d) packcache default"
-	pPCNoWin  = "(d) packcache WithShareWindow(0)"
+	pPCNoWin  = "(d) packcache WithShareWindow(Off)"
 )
 
 var zbufs = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
@@ -104,7 +104,7 @@ func handPeer(e *env, name string, compress bool, ch Channel) *peer {
 		}
 		buf := zbufs.Get().(*[]byte)
 		defer zbufs.Put(buf)
-		out, err := codec.Zstd.Decode((*buf)[:0], b, packcache.DefaultMaxValueSize)
+		out, err := codec.Zstd.Decode((*buf)[:0], b, (64 << 20))
 		if err != nil {
 			return v, err
 		}
@@ -264,7 +264,7 @@ func (e *env) suitePeers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nowin, err := packcachePeer(e, pPCNoWin, ch, packcache.WithShareWindow(0))
+	nowin, err := packcachePeer(e, pPCNoWin, ch, packcache.WithShareWindow(packcache.Off))
 	if err != nil {
 		def.close()
 		return err
@@ -294,8 +294,8 @@ func (e *env) suitePeers(ctx context.Context) error {
 
 	res := peerResults{rows: map[string]peerRow{}, surge: map[string]surgeResult{}, size: len(raw)}
 	e.header("peers", fmt.Sprintf("One %d-byte chat channel (Channel struct). (a) uses encoding/json; (b) uses packcache.JSON, packcache's default serializer (goccy/go-json at the time of writing), so it differs from packcache only in the cache machinery. Sequential Set then Get of one key: ns/op median (min–max) of %d runs of %d ops, the runs of all peers interleaved; allocs/op from runtime.MemStats.Mallocs (whole process, so go-redis's allocations count). "+
-		"packcache default keeps a finished read shared for 10 ms (WithShareWindow), so its sequential Gets of one key mostly skip Redis; the WithShareWindow(0) row reads Redis and decodes on every Get (the hit path). go-redis/cache + TinyLFU answers Gets from its local cache but still decodes each time. "+
-		"(e) are rueidis %s: DoCache of GET with client-side caching (RESP3, CLIENT TRACKING ON OPTIN; client-side TTL %v), and rueidisaside's Get over the same (its Set is a SET through its rueidis client); both store exactly what packcache default stores (packcache.JSON, zstd behind packcache's header byte) and decode (zstd, packcache.JSON) every answer, as (b) does. Get ratio = packcache default / peer; hit-path ratio = packcache WithShareWindow(0) / peer.",
+		"packcache default keeps a finished read shared for 10 ms (WithShareWindow), so its sequential Gets of one key mostly skip Redis; the WithShareWindow(Off) row reads Redis and decodes on every Get (the hit path). go-redis/cache + TinyLFU answers Gets from its local cache but still decodes each time. "+
+		"(e) are rueidis %s: DoCache of GET with client-side caching (RESP3, CLIENT TRACKING ON OPTIN; client-side TTL %v), and rueidisaside's Get over the same (its Set is a SET through its rueidis client); both store exactly what packcache default stores (packcache.JSON, zstd behind packcache's header byte) and decode (zstd, packcache.JSON) every answer, as (b) does. Get ratio = packcache default / peer; hit-path ratio = packcache WithShareWindow(Off) / peer.",
 		len(raw), e.cfg.reps, n, rueidisVersion(), rueidisTTL))
 	fmt.Fprintln(e.out, "| peer | Set µs | Set allocs/op | Get µs | Get allocs/op | Get ops/s | STRLEN | MEMORY USAGE | Get ratio | hit-path ratio | STRLEN ratio |")
 	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
@@ -330,7 +330,7 @@ func (e *env) suitePeers(ctx context.Context) error {
 			1e9/row.get.med, row.strlen, row.usage, d.get.med/row.get.med, res.rows[pPCNoWin].get.med/row.get.med, float64(d.strlen)/float64(row.strlen))
 	}
 	fmt.Fprintf(e.out, "\n%s\n", notLikeForLike)
-	fmt.Fprintln(e.out, "> - Get: the (e) rows answer sequential Gets from rueidis's client-side cache (a Set invalidates it, and the first Get after the Sets reads Redis): what a Get costs there is the decode of the cached reply, the bytes shared by every Get, with no read of Redis, as go-redis/cache + TinyLFU's. packcache default's Gets share one decoded value for 10 ms; only packcache WithShareWindow(0), (a), (b) and (c) without TinyLFU read Redis on every Get.")
+	fmt.Fprintln(e.out, "> - Get: the (e) rows answer sequential Gets from rueidis's client-side cache (a Set invalidates it, and the first Get after the Sets reads Redis): what a Get costs there is the decode of the cached reply, the bytes shared by every Get, with no read of Redis, as go-redis/cache + TinyLFU's. packcache default's Gets share one decoded value for 10 ms; only packcache WithShareWindow(Off), (a), (b) and (c) without TinyLFU read Redis on every Get.")
 	fmt.Fprintln(e.out, "> - Stored format: (b), (d) and (e) store the same zstd frame of packcache.JSON ((b) without packcache's header byte), (a) plain encoding/json, (c) msgpack+s2: the STRLEN column compares formats, not only machinery.")
 
 	fmt.Fprintf(e.out, "\n### peers: surge\n\n%d goroutines released at once on the same channel, warm (stored by the peer itself) and cold (absent; the loader sleeps %v, then the value is stored). go-redis/cache uses Once; hand-written peers and rueidis DoCache GET, and on a miss load and SET; rueidisaside uses its Get with the loader (a lock by SET NX GET, then a script that stores the value; the others wait for the key's invalidation). Warm, rueidis's client-side cache is as the Set left it: empty, since the Set invalidated it (the near suite's surge fills it first).\n\n", e.cfg.surgeN, loaderDelay)
@@ -387,7 +387,7 @@ func (e *env) targets() {
 		fmt.Fprintf(e.out, "| %s | %s | %s |\n", target, measured, pf(ok))
 	}
 	hit, base := rows[pPCNoWin], rows[pBaseline]
-	line("Get hit path (WithShareWindow(0)) ≤ 1.05× baseline (b) time",
+	line("Get hit path (WithShareWindow(Off)) ≤ 1.05× baseline (b) time",
 		fmt.Sprintf("%.1f µs vs %.1f µs = %.3f×", hit.get.med/1e3, base.get.med/1e3, hit.get.med/base.get.med), hit.get.med <= 1.05*base.get.med)
 	// The Redis time budget (WithRedisTimeout) gives every Redis call its
 	// own deadline: context.WithTimeout, 6 allocations per Get. The rest of
@@ -405,8 +405,8 @@ func (e *env) targets() {
 	// A Get shares a read begun at most one share window before it (the
 	// window's bound), so reads of one key begin at least a window apart:
 	// a surge lasting W costs at most W/window + 1 GETs and decodes.
-	maxReads := int64(w.wall/packcache.DefaultShareWindow) + 1
-	line(fmt.Sprintf("warm surge: at most one GET and one decode per share window (%v) of its wall time, + 1", packcache.DefaultShareWindow),
+	maxReads := int64(w.wall/(10*time.Millisecond)) + 1
+	line(fmt.Sprintf("warm surge: at most one GET and one decode per share window (%v) of its wall time, + 1", (10*time.Millisecond)),
 		fmt.Sprintf("%d GETs, %d decodes (at most %d)", w.gets, w.decodes, maxReads), w.gets <= maxReads && w.decodes <= maxReads)
 	line("warm surge: peak heap < 64 MiB", fmt.Sprintf("%.1f MiB", float64(w.peakHeap)/(1<<20)), w.peakHeap < 64<<20)
 	c := sg[pPCDef+"/cold"]

@@ -102,7 +102,7 @@ func encodeStored(v Channel) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(b) > packcache.DefaultCompressAbove {
+	if len(b) > (1024) {
 		z, err := codec.AppendValue(make([]byte, 0, len(b)/2), codec.Zstd, b)
 		if err != nil {
 			return nil, err
@@ -120,7 +120,7 @@ func decodeStored(b []byte) (Channel, error) {
 	var v Channel
 	buf := zbufs.Get().(*[]byte)
 	defer zbufs.Put(buf)
-	out, err := codec.DecodeValue((*buf)[:0], b, packcache.DefaultMaxValueSize)
+	out, err := codec.DecodeValue((*buf)[:0], b, (64 << 20))
 	if err != nil {
 		return v, err
 	}

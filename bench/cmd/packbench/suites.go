@@ -67,14 +67,14 @@ func (e *env) suiteSizes(ctx context.Context) error {
 			docs = append(docs, doc{name: "orders " + human(s), raw: makeOrders(uint64(i+1), s)})
 		}
 	}
-	e.header("sizes", "Stored bytes per codec: packcache.Cache[json.RawMessage] with WithCodec(c) and WithCompressAbove(0); \"plain\" is WithCodec(codec.None), the JSON verbatim. "+
+	e.header("sizes", "Stored bytes per codec: packcache.Cache[json.RawMessage] with WithCodec(c) and WithCompressAbove(CompressAll); \"plain\" is WithCodec(codec.None), the JSON verbatim. "+
 		"\"stored as\" says what packcache chose: it stores plain when compression saves nothing (MinSaving=1). Ratio is STRLEN / plain STRLEN.")
 	fmt.Fprintln(e.out, "| document | JSON bytes | codec | STRLEN | MEMORY USAGE | ratio | stored as |")
 	fmt.Fprintln(e.out, "|---|--:|---|--:|--:|--:|---|")
 	for di, d := range docs {
 		var plain int64
 		for _, nc := range sizeCodecs {
-			c, err := packcache.New[json.RawMessage](e.rdb, packcache.WithCodec(nc.c), packcache.WithCompressAbove(0))
+			c, err := packcache.New[json.RawMessage](e.rdb, packcache.WithCodec(nc.c), packcache.WithCompressAbove(packcache.CompressAll))
 			if err != nil {
 				return err
 			}
@@ -178,7 +178,7 @@ func (e *env) suiteThreshold(ctx context.Context) error {
 		fmt.Fprintf(e.out, " %s |", be)
 	}
 	fmt.Fprintln(e.out)
-	fmt.Fprintf(e.out, "\n(packcache's DefaultCompressAbove is %d B.)\n", packcache.DefaultCompressAbove)
+	fmt.Fprintf(e.out, "\n(packcache's DefaultCompressAbove is %d B.)\n", (1024))
 	return nil
 }
 
@@ -281,13 +281,13 @@ func (e *env) suiteCost(ctx context.Context) error {
 	if e.docs != nil {
 		typ = "any (packcache's default serializer)"
 	}
-	e.header("cost", fmt.Sprintf("Time per Set and per Get, µs: median (min–max) of %d runs of N ops each, sequential, one key. Caches use WithCodec(c), the default threshold (1024 B) and WithShareWindow(0) so that every Get reads Redis and decodes (with the default 10 ms window, repeated Gets of one key share one read). Typed T = %s; []byte rows store the same JSON.", e.cfg.reps, typ))
+	e.header("cost", fmt.Sprintf("Time per Set and per Get, µs: median (min–max) of %d runs of N ops each, sequential, one key. Caches use WithCodec(c), the default threshold (1024 B) and WithShareWindow(Off) so that every Get reads Redis and decodes (with the default 10 ms window, repeated Gets of one key share one read). Typed T = %s; []byte rows store the same JSON.", e.cfg.reps, typ))
 	fmt.Fprintln(e.out, "| document | JSON bytes | codec | T | N | Set µs | Get µs | Set allocs/op | Get allocs/op | STRLEN |")
 	fmt.Fprintln(e.out, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
 	for ii, in := range inputs {
 		n := opsFor(len(in.raw), e.cfg.quick, e.cfg.ops)
 		for _, nc := range costCodecs {
-			opts := []packcache.Option{packcache.WithCodec(nc.c), packcache.WithShareWindow(0)}
+			opts := []packcache.Option{packcache.WithCodec(nc.c), packcache.WithShareWindow(packcache.Off)}
 			k := e.key("cost", fmt.Sprint(ii), nc.name)
 			var set, get []float64
 			var sa, ga float64
@@ -341,12 +341,12 @@ func (e *env) suiteCost(ctx context.Context) error {
 // round trip, and the store by a script. rueidis does the same by hand
 // with DoCache, and rueidisaside with its Get and a loader.
 func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
-	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(0), default codec; against go-redis GET (a miss) then zstd-compressing and SETting the same bytes, by hand; the same by hand with rueidis (%s), its GET a DoCache (client-side caching); and rueidisaside's Get with a loader that returns the same compressed bytes at once. µs: median (min–max) of %d runs, the subjects' runs interleaved. Commands per miss: INFO commandstats delta of the last run (INFO and rueidis's background PINGs left out). "+
+	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(Off), default codec; against go-redis GET (a miss) then zstd-compressing and SETting the same bytes, by hand; the same by hand with rueidis (%s), its GET a DoCache (client-side caching); and rueidisaside's Get with a loader that returns the same compressed bytes at once. µs: median (min–max) of %d runs, the subjects' runs interleaved. Commands per miss: INFO commandstats delta of the last run (INFO and rueidis's background PINGs left out). "+
 		"Round trips per miss are the commands the client sent and waited for: a script's own GET and SET calls are counted inside it, not as round trips; rueidis sends DoCache's CLIENT CACHING YES, MULTI, PTTL, GET and EXEC in one write, one round trip (counted by its EXEC).", rueidisVersion(), e.cfg.reps))
 	fmt.Fprintln(e.out, "| value | subject | N | µs per miss | round trips per miss | commands (per miss) | ratio to by-hand | ratio to packcache |")
 	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|---|--:|--:|")
 	for di, doc := range docs {
-		c, err := packcache.New[[]byte](e.rdb, packcache.WithShareWindow(0))
+		c, err := packcache.New[[]byte](e.rdb, packcache.WithShareWindow(packcache.Off))
 		if err != nil {
 			return err
 		}
@@ -817,7 +817,7 @@ func (e *env) suiteSurge(ctx context.Context) error {
 	// 20,000 uncoalesced reads of 128 KB wait seconds for the 64 pooled
 	// connections: a budget long enough for that, so that the row measures
 	// what coalescing saves rather than the breaker shedding load.
-	noco, err := packcacheSubject(e, "packcache WithCoalescing(false)", ch, packcache.WithCoalescing(false), packcache.WithRedisTimeout(time.Minute))
+	noco, err := packcacheSubject(e, "packcache WithCoalescing(false)", ch, packcache.WithRedisTimeout(time.Minute))
 	if err != nil {
 		return err
 	}

@@ -106,7 +106,7 @@ func run(ctx context.Context, cfg config, w io.Writer, ready func(addr string)) 
 	// Never flush a Redis we did not start: delete our own keys only.
 	defer func() { err = errors.Join(err, deleteOwnKeys(context.WithoutCancel(ctx), rdb)) }()
 
-	c, err := packcache.New[Product](rdb, packcache.WithObserver(obs), packcache.WithNegativeTTL(time.Minute),
+	c, err := packcache.New[Product](rdb, packcache.WithObserver(obs), packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}),
 		packcache.WithPrefix(namespace+"product:", packcache.Policy{Codec: codec.Zstd, TTL: 10 * time.Second}),
 		packcache.WithPrefix(namespace+"draft:", packcache.Policy{Codec: codec.LZ4}),
 		packcache.WithLoader(packcache.LoaderFunc[Product](load)))

@@ -10,7 +10,21 @@ import (
 	"time"
 )
 
-type testGroup = group[ival, func(context.Context) (int, error)]
+type testGroup = group[ival, fnWork]
+
+// fnWork is a closure as a group's work, handier in tests; refuse, if
+// set, is its joining check.
+type fnWork struct {
+	fn     func(context.Context) (int, error)
+	refuse error
+}
+
+func (w fnWork) run(ctx context.Context, _ *call[ival]) (ival, error) {
+	v, err := w.fn(ctx)
+	return ival(v), err
+}
+
+func (w fnWork) joining(context.Context, string) error { return w.refuse }
 
 // ival is an int result, shared for the whole window unless it is an
 // error.
@@ -29,15 +43,10 @@ func newGroup(window time.Duration) *testGroup {
 	return g
 }
 
-func callFn(ctx context.Context, fn func(context.Context) (int, error), _ *call[ival]) (ival, error) {
-	v, err := fn(ctx)
-	return ival(v), err
-}
-
 // do adapts the group's allocation-free calling convention to closures,
 // which are handier in tests.
 func do(g *testGroup, ctx context.Context, key string, fn func(context.Context) (int, error)) (ival, error, bool) {
-	return g.do(ctx, key, fn, callFn, nil)
+	return g.do(ctx, key, fnWork{fn: fn})
 }
 
 func waitRegistered(g *testGroup, key string) {
@@ -212,26 +221,27 @@ func TestGroupZeroWindow(t *testing.T) {
 	}
 }
 
-// TestGroupLoadTokens: a load is shared only by callers that saw its
+// TestRegistryLoadTokens: a load is shared only by callers that saw its
 // token; others start their own.
-func TestGroupLoadTokens(t *testing.T) {
-	g := newGroup(0)
-	a, ok := g.acquire("k", time.Now().UnixNano(), "lease-1", true)
+func TestRegistryLoadTokens(t *testing.T) {
+	var g registry[int]
+	a, ok := g.claim("k", "lease-1", true, true)
 	if ok {
-		t.Fatal("first acquire joined")
+		t.Fatal("first claim joined")
 	}
-	if b, ok := g.acquire("k", time.Now().UnixNano(), "lease-1", true); !ok || b != a {
+	if b, ok := g.claim("k", "lease-1", true, true); !ok || b != a {
 		t.Fatal("same token did not join")
 	}
-	if b, ok := g.acquire("k", time.Now().UnixNano(), "lease-2", true); ok || b == a {
+	if b, ok := g.claim("k", "lease-2", true, true); ok || b == a {
 		t.Fatal("another token joined")
 	}
 	// a is detached but still finishes for its waiters.
-	if !g.finish("k", a, 5, nil) || g.finish("k", a, 6, nil) {
+	g.forget("k")
+	if !g.finish("k", a, result[int]{val: 5}, nil) || g.finish("k", a, result[int]{val: 6}, nil) {
 		t.Fatal("finish must publish once")
 	}
-	if v, err := wait(context.Background(), a); v != 5 || err != nil {
-		t.Fatalf("detached call: %v %v", v, err)
+	if r, err := wait(context.Background(), a); r.val != 5 || err != nil {
+		t.Fatalf("detached call: %v %v", r.val, err)
 	}
 }
 
@@ -293,8 +303,7 @@ func TestGroupJoiningRefused(t *testing.T) {
 	go do(g, context.Background(), "k", func(context.Context) (int, error) { <-release; return 1, nil })
 	waitRegistered(g, "k")
 	refuse := errors.New("refused")
-	_, err, _ := g.do(context.Background(), "k", func(context.Context) (int, error) { return 2, nil }, callFn,
-		func(context.Context, string) error { return refuse })
+	_, err, _ := g.do(context.Background(), "k", fnWork{fn: func(context.Context) (int, error) { return 2, nil }, refuse: refuse})
 	close(release)
 	if err != refuse {
 		t.Fatalf("got %v", err)
