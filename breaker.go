@@ -91,7 +91,11 @@ func (b *breaker) trip() {
 
 func (b *breaker) notify(open bool) {
 	if b.obs != nil {
-		b.obs.ObserveRedis(RedisEvent{Node: b.addr, Breaker: true, Open: open})
+		state := "closed"
+		if open {
+			state = "open"
+		}
+		b.obs.ObserveRedis(RedisEvent{Node: b.addr, Breaker: state})
 	}
 }
 

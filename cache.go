@@ -364,7 +364,7 @@ func resolve[T any](prefix string, p Policy) (*policy[T], error) {
 		rp.threshold = 0
 	}
 	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
-	if p.Loader != nil && p.Loader != NoLoader {
+	if p.Loader != nil && p.Loader != any(Off) {
 		l, ok := p.Loader.(Loader[T])
 		if !ok {
 			return nil, fmt.Errorf("packcache: loader for prefix %q is a %T, not a Loader[%s]", prefix, p.Loader, reflect.TypeFor[T]())

@@ -561,7 +561,7 @@ func TestPolicyInheritOffAll(t *testing.T) {
 		packcache.WithPrefix("inherit:", packcache.Policy{}),
 		packcache.WithPrefix("off:", packcache.Policy{
 			TTLJitter: packcache.Off, NegativeTTL: packcache.Off, StaleFor: packcache.Off,
-			Loader: packcache.NoLoader, CompressAbove: packcache.Off,
+			Loader: packcache.Off, CompressAbove: packcache.Off,
 		}),
 		packcache.WithPrefix("all:", packcache.Policy{CompressAbove: packcache.CompressAll, TTL: packcache.Off}),
 	)

@@ -84,9 +84,9 @@ type RedisEvent struct {
 	Node   string // the node's address (a Sentinel client's is "FailoverClient"); "" when unknown
 	Err    error  // the failure; nil for breaker events
 
-	// Breaker events: Open reports the breaker's new state.
-	Breaker bool
-	Open    bool
+	// Breaker is "open" or "closed" when the event is the node's circuit
+	// breaker changing state, "" for a failed operation.
+	Breaker string
 }
 
 // WithObserver makes the cache tell o what it does; see Observer.

@@ -133,9 +133,9 @@ func TestObserverEvents(t *testing.T) {
 	var errs, opened int
 	for _, e := range rec.redis {
 		switch {
-		case e.Breaker && e.Open:
+		case e.Breaker == "open":
 			opened++
-		case !e.Breaker && e.Err != nil && e.Prefix == "ch:":
+		case e.Breaker == "" && e.Err != nil && e.Prefix == "ch:":
 			errs++
 		}
 	}

@@ -22,8 +22,8 @@ const (
 
 // Every option and Policy field follows one rule: zero means the default
 // (in a Policy: inherit the cache's setting), Off turns the setting off,
-// and any other value sets it. The explicit sentinels beside Off are
-// CompressAll and NoLoader.
+// and any other value sets it. The one explicit sentinel beside Off is
+// CompressAll.
 
 // Off, as the argument of an option or a Policy field, turns a setting
 // off: no expiry (TTL), no compression (CompressAbove), no minimum saving
@@ -38,19 +38,13 @@ const Off = -1
 // bytes).
 const CompressAll = -2
 
-// NoLoader, as a Policy's Loader, turns read-through off for the prefix
-// when the cache has a loader: Get returns ErrMiss for its keys.
-var NoLoader any = noLoader{}
-
-type noLoader struct{}
-
 // A Policy tunes how the cache stores the keys under one prefix; see
 // WithPrefix.
 //
 // Every field follows one rule: its zero value inherits the cache's
 // setting (given with WithPrefix("", p), or the defaults below), Off turns
 // the setting off for the prefix, and any other value sets it.
-// CompressAbove also takes CompressAll, and Loader takes NoLoader. Values
+// CompressAbove also takes CompressAll. Values
 // outside these are an error in New.
 type Policy struct {
 	// Codec compresses values above CompressAbove; the default is
@@ -77,8 +71,8 @@ type Policy struct {
 	TTLJitter float64
 
 	// Loader loads values missing under this prefix; it must be a
-	// Loader[T] for the cache's T, or New fails. See WithLoader. NoLoader
-	// turns read-through off for the prefix.
+	// Loader[T] for the cache's T, or New fails. See WithLoader. Off turns
+	// read-through off for the prefix: Get returns ErrMiss for its keys.
 	Loader any
 
 	// NegativeTTL is how long a loader's ErrNotFound is remembered, so
@@ -144,7 +138,7 @@ func defaultConfig() config {
 			NegativeTTL:   Off,
 			RefreshAfter:  Off,
 			StaleFor:      Off,
-			Loader:        NoLoader,
+			Loader:        Off,
 		},
 		prefixes:     map[string]Policy{},
 		serializer:   JSON,

@@ -28,7 +28,7 @@ func TestNoAllocs(t *testing.T) {
 		{"load", func() { o.ObserveLoad(load) }},
 		{"encode", func() { o.ObserveCodec(enc) }},
 		{"decode", func() { o.ObserveCodec(dec) }},
-		{"breaker", func() { o.ObserveRedis(packcache.RedisEvent{Node: "h:1", Breaker: true, Open: true}) }},
+		{"breaker", func() { o.ObserveRedis(packcache.RedisEvent{Node: "h:1", Breaker: "open"}) }},
 		// A network error is classified without errors.As. (An error
 		// reply or a net.Error costs an allocation to classify.)
 		{"redis error", func() { o.ObserveRedis(packcache.RedisEvent{Prefix: "ch:", Node: "h:1", Err: io.EOF}) }},

@@ -264,16 +264,16 @@ func TestBreakerGauge(t *testing.T) {
 	if len(single) != 1 || single[0].Value != 0 || len(n) != 0 || trips != 0 {
 		t.Fatalf("at start: single node %v, node 7001 %v, %d trips; want one closed single node", single, n, trips)
 	}
-	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: true, Open: true})
+	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: "open"})
 	if single, n, trips = state(); len(n) != 1 || n[0].Value != 1 || trips != 1 || single[0].Value != 0 {
 		t.Fatalf("after opening: node 7001 %v, %d trips, single node %v; want open, 1 trip, single closed", n, trips, single)
 	}
-	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: true, Open: false})
+	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: "closed"})
 	if _, n, trips = state(); len(n) != 1 || n[0].Value != 0 || trips != 1 {
 		t.Fatalf("after closing: node 7001 %v, %d trips; want closed, 1 trip", n, trips)
 	}
-	o.ObserveRedis(packcache.RedisEvent{Breaker: true, Open: true})
-	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: true, Open: true})
+	o.ObserveRedis(packcache.RedisEvent{Breaker: "open"})
+	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: "open"})
 	if single, n, trips = state(); single[0].Value != 1 || n[0].Value != 1 || trips != 2 {
 		t.Fatalf("after both opened: single node %v, node 7001 %v, %d trips; want both open, 2 trips", single, n, trips)
 	}
@@ -289,7 +289,7 @@ func TestConstantAttributes(t *testing.T) {
 	o.ObserveLoad(packcache.LoadEvent{Prefix: "a:", Keys: 1})
 	o.ObserveCodec(packcache.CodecEvent{Prefix: "a:", Codec: "zstd"})
 	o.ObserveRedis(packcache.RedisEvent{Prefix: "a:", Node: "h:1", Err: io.EOF})
-	o.ObserveRedis(packcache.RedisEvent{Node: "h:1", Breaker: true, Open: true})
+	o.ObserveRedis(packcache.RedisEvent{Node: "h:1", Breaker: "open"})
 	s := collect(t, r)
 	points := 0
 	for _, sm := range s.rm.ScopeMetrics {
@@ -359,7 +359,7 @@ func TestInstruments(t *testing.T) {
 	o.ObserveLoad(packcache.LoadEvent{Keys: 1})
 	o.ObserveCodec(packcache.CodecEvent{Codec: "none"})
 	o.ObserveRedis(packcache.RedisEvent{Err: io.EOF})
-	o.ObserveRedis(packcache.RedisEvent{Breaker: true, Open: true})
+	o.ObserveRedis(packcache.RedisEvent{Breaker: "open"})
 	s := collect(t, r)
 	want := map[string]struct{ kind, unit string }{
 		"packcache.reads":          {"counter", "{read}"},
@@ -437,7 +437,7 @@ func TestConcurrentPrefixes(t *testing.T) {
 				o.ObserveRead(packcache.ReadEvent{Prefix: p, Outcome: packcache.ReadHit})
 				o.ObserveCodec(packcache.CodecEvent{Prefix: p, Codec: fmt.Sprint("c", i%3), Decode: true, Plain: 2, Stored: 1})
 				o.ObserveRedis(packcache.RedisEvent{Prefix: p, Node: fmt.Sprintf("h:%d", i%4), Err: io.EOF})
-				o.ObserveRedis(packcache.RedisEvent{Node: fmt.Sprintf("h:%d", i%4), Breaker: true, Open: i%2 == 0})
+				o.ObserveRedis(packcache.RedisEvent{Node: fmt.Sprintf("h:%d", i%4), Breaker: map[bool]string{true: "open", false: "closed"}[i%2 == 0]})
 			}
 		})
 	}

@@ -251,11 +251,12 @@ func (o *observer) ObserveCodec(e packcache.CodecEvent) {
 // opening or closing.
 func (o *observer) ObserveRedis(e packcache.RedisEvent) {
 	n := o.node(e.Node)
-	if e.Breaker {
+	if e.Breaker != "" {
+		open := e.Breaker == "open"
 		o.mu.Lock()
-		o.open[n] = e.Open
+		o.open[n] = open
 		o.mu.Unlock()
-		if e.Open {
+		if open {
 			o.trips.Add(context.Background(), 1, n.add...)
 		}
 		return
