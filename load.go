@@ -774,4 +774,3 @@ func (g *registry[T]) isDetached(c *call[result[T]]) bool {
 	defer g.mu.Unlock()
 	return c.detached.Load()
 }
-
