@@ -21,7 +21,7 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 	gets := make([]*redis.StringCmd, len(keys))
 	pttls := make([]*redis.DurationCmd, len(keys))
 	var sent time.Time
-	errs := c.roundTripMany(ctx, "get", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, _ bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "get", keys, false, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		gets[i] = pipe.Get(ctx, keys[i])
 		if c.policy(keys[i]).needsPTTL() {
 			pttls[i] = pipe.PTTL(ctx, keys[i])
@@ -247,7 +247,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 			c.forget(k)
 		}
 	}()
-	for i, err := range c.roundTripMany(ctx, "set", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, _ bool) redis.Cmder {
+	for i, err := range c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		p := c.policy(keys[i])
 		ttl := p.ttl
 		if so.ttlSet {
@@ -268,7 +268,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 // fails on a cluster when the keys' slots differ, and the pipeline still
 // costs one round trip per node.
 func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
-	errs := c.roundTripMany(ctx, "delete", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, _ bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "delete", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		return pipe.Del(ctx, keys[i])
 	})
 	return errors.Join(errs...)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -345,5 +347,229 @@ func TestLoadedValueMarshalledOnce(t *testing.T) {
 	}
 	if n := ser.marshals.Load(); n != 2 {
 		t.Errorf("GetOrLoadMany of two keys: %d marshals, want 2", n)
+	}
+}
+
+func TestTwoBatchesDeadlock(t *testing.T) {
+	s := redistest.Start(t)
+	cl := s.Client(t)
+	h := &crossHook{arrived2: make(chan struct{}), first: make(chan struct{}), second: make(chan struct{})}
+	cl.AddHook(h)
+	ctx := ctxT(t)
+	var fnCalls atomic.Int64
+	fn := func(ctx context.Context, keys []string) (map[string]string, error) {
+		fnCalls.Add(1)
+		m := map[string]string{}
+		for _, k := range keys {
+			m[k] = "v-" + k
+		}
+		return m, nil
+	}
+	c := mustNew[string](t, cl, packcache.WithLoadTimeout(3*time.Second))
+	// Warm the scripts so that no NOSCRIPT retry reorders anything.
+	if _, err := c.GetOrLoadMany(ctx, []string{"w1", "w2"}, fn); err != nil {
+		t.Fatal(err)
+	}
+	h.enabled.Store(true)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	took := make([]time.Duration, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[i] = c.GetOrLoadMany(ctx, []string{"x", "y"}, fn)
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	for i := range 2 {
+		t.Logf("batch %d: %v after %v", i, errs[i], took[i])
+		if errs[i] != nil || took[i] > time.Second {
+			t.Errorf("batch %d: err %v after %v (fn called %d times)", i, errs[i], took[i], fnCalls.Load())
+		}
+	}
+}
+
+// The same without any hook, on the cluster: x and y on different nodes.
+func TestTwoBatchesDeadlockCluster(t *testing.T) {
+	var tg redistest.Target
+	for _, x := range redistest.Targets(t) {
+		if x.Cluster != nil {
+			tg = x
+		}
+	}
+	if tg.Cluster == nil {
+		t.Skip("no cluster")
+	}
+	// Two keys on different masters.
+	keys := []string{"x"}
+	n0 := tg.Cluster.NodeForKey(t, "x")
+	for i := 0; ; i++ {
+		k := "y" + string(rune('a'+i%26)) + strings.Repeat("z", i/26)
+		if tg.Cluster.NodeForKey(t, k) != n0 {
+			keys = append(keys, k)
+			break
+		}
+	}
+	ctx := ctxT(t)
+	fn := func(ctx context.Context, keys []string) (map[string]string, error) {
+		m := map[string]string{}
+		for _, k := range keys {
+			m[k] = "v-" + k
+		}
+		return m, nil
+	}
+	c := mustNew[string](t, tg.Client, packcache.WithLoadTimeout(2*time.Second))
+	c.GetOrLoadMany(ctx, keys, fn)
+	bad := 0
+	for round := range 30 {
+		if err := c.Delete(ctx, keys...); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var slow atomic.Int64
+		start := make(chan struct{})
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				t0 := time.Now()
+				_, err := c.GetOrLoadMany(ctx, keys, fn)
+				if err != nil || time.Since(t0) > time.Second {
+					slow.Add(1)
+					t.Logf("round %d: %v after %v", round, err, time.Since(t0))
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if slow.Load() > 0 {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of 30 rounds of two concurrent GetOrLoadMany hung until the load timeout", bad)
+	}
+}
+
+// GetOrLoadMany waits for other processes' leases one key after another:
+// with WithLock(w), n leased keys take n*w, past the load timeout.
+func TestBatchLockWaitsSequential(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var keys []string
+	for i := range 8 {
+		k := "lk" + strconv.Itoa(i)
+		keys = append(keys, k)
+		// A dead process's lease.
+		rdb.Set(ctx, k, "\x0cdeadprocesslease", 30*time.Second)
+	}
+	c := mustNew[string](t, rdb, packcache.WithLock(300*time.Millisecond), packcache.WithLoadTimeout(time.Second))
+	start := time.Now()
+	m, err := c.GetOrLoadMany(ctx, keys, func(ctx context.Context, ks []string) (map[string]string, error) {
+		out := map[string]string{}
+		for _, k := range ks {
+			out[k] = "v"
+		}
+		return out, nil
+	})
+	t.Logf("GetOrLoadMany: %d values, err %v, after %v", len(m), err, time.Since(start))
+	if len(m) != len(keys) {
+		t.Errorf("GetOrLoadMany got %d of %d values (each lease waited for in turn, 8 x 300ms > 1s load timeout)", len(m), len(keys))
+	}
+	// Compare: one Get per key in parallel would each wait 300ms.
+}
+
+// GetOrLoadMany racing Set and Delete of some of its keys; StaleFor reload
+// racing Delete; WithLock takeover racing Set.
+func TestBatchRacingWrites(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Server != nil {
+			redistest.RequireReal(t, tg.Server, "needs TTLs to run down in real time")
+		}
+		ctx := ctxT(t)
+		c := mustNew[string](t, tg.Client)
+		entered, release := make(chan struct{}), make(chan struct{})
+		done := make(chan map[string]string)
+		go func() {
+			m, _ := c.GetOrLoadMany(ctx, []string{"b1", "b2", "b3"}, func(ctx context.Context, ks []string) (map[string]string, error) {
+				close(entered)
+				<-release
+				return map[string]string{"b1": "old1", "b2": "old2", "b3": "old3"}, nil
+			})
+			done <- m
+		}()
+		<-entered
+		other := mustNew[string](t, otherClient(t, tg))
+		if err := other.Set(ctx, "b1", "new1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(ctx, "b2"); err != nil {
+			t.Fatal(err)
+		}
+		close(release)
+		<-done
+		if v, err := c.Get(ctx, "b1"); v != "new1" {
+			t.Errorf("Get b1 after Set = %q, %v", v, err)
+		}
+		if _, err := c.Get(ctx, "b2"); !errors.Is(err, packcache.ErrMiss) {
+			t.Errorf("Get b2 after Delete = %v", err)
+		}
+		for k, want := range map[string]string{"b1": `"new1"`, "b2": "<nil>", "b3": `"old3"`} {
+			if got := rawState(t, tg.Client, k); got != want {
+				t.Errorf("%s holds %s, want %s", k, got, want)
+			}
+		}
+	})
+}
+
+type afterGetsHook struct {
+	enabled atomic.Bool
+	fire    func()
+}
+
+func (h *afterGetsHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *afterGetsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *afterGetsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if len(cmds) > 1 && cmds[0].Name() == "get" && h.enabled.CompareAndSwap(true, false) {
+			h.fire()
+		}
+		return err
+	}
+}
+
+func TestBatchCountsFailurePerKey(t *testing.T) {
+	s := redistest.Start(t)
+	cl := s.Client(t)
+	h := &afterGetsHook{fire: func() { s.Stop(t) }}
+	cl.AddHook(h)
+	ctx := ctxT(t)
+	var keys []string
+	for i := range 5 {
+		k := "fl" + strconv.Itoa(i)
+		keys = append(keys, k)
+		cl.Set(ctx, k, "\x0cforeign", time.Minute)
+	}
+	c := mustNew[string](t, cl, packcache.WithCircuitBreaker(3, time.Minute), packcache.WithRedisTimeout(200*time.Millisecond))
+	h.enabled.Store(true)
+	_, err := c.GetOrLoadMany(ctx, keys, func(ctx context.Context, ks []string) (map[string]string, error) {
+		m := map[string]string{}
+		for _, k := range ks {
+			m[k] = "v"
+		}
+		return m, nil
+	})
+	t.Logf("GetOrLoadMany: %v", err)
+	_, err = c.Get(ctx, "probe")
+	t.Logf("Get after one failed operation: %v", err)
+	if errors.Is(err, packcache.ErrCircuitOpen) {
+		t.Errorf("a breaker of 3 failures opened after one GetOrLoadMany (plus this Get)")
 	}
 }

@@ -24,6 +24,21 @@
 //
 // Close is idempotent and safe to call during any call; calls made after
 // it fail with ErrClosed.
+//
+// # The path of a call
+//
+// The files follow a call. cache.go holds the Cache, New, Close and the
+// public calls. read.go is a Get: the near cache, then the read shared by
+// concurrent callers (coalesce.go, with share.go's window), fetch, judge
+// (what a stored value means) and rule (what the reader does with it). A
+// miss goes on to load.go: the one load, of one key or of a batch (the
+// load registry, settle, the loader, the after-load decision), whose
+// leases and guarded stores are in lease.go and whose encoding is in
+// write.go. Every Redis call goes through roundtrip.go (the budget, the
+// node's breaker in breaker.go, the judgement of a failure). batch.go is
+// GetMany, SetMany and GetOrLoadMany: the same rules over one pipeline per
+// node. near.go and invalidation.go are the near cache and the tracking
+// connections that keep it fresh.
 package packcache
 
 import (
@@ -31,7 +46,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"reflect"
 	"strings"
 	"sync"
@@ -111,15 +125,6 @@ type policy[T any] struct {
 	staleFor     time.Duration // 0: no stale window
 	near         *near[T]      // nil: no near cache
 	stats        counters
-}
-
-// flight holds what one read needs, passed by value so that no closure is
-// allocated for it.
-type flight[T any] struct {
-	c   *Cache[T]
-	key string
-	p   *policy[T]
-	ld  Loader[T]
 }
 
 // result is what shared work hands its callers.
@@ -221,113 +226,6 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	}
 	hookDials(rdb)
 	return c, nil
-}
-
-// startNear makes the near caches the policies ask for (one for the base
-// and the prefixes that inherit it, one for each prefix with a LocalCache
-// of its own) and starts their invalidation stream.
-func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
-	var tracked []string
-	minLag := time.Duration(0)
-	add := func(p *policy[T], lc LocalCache) error {
-		n, err := newNear[T](lc, &c.marks)
-		if err != nil {
-			return err
-		}
-		p.near = n
-		c.nears = append(c.nears, n)
-		tracked = append(tracked, p.prefix)
-		if minLag == 0 || n.lc.MaxLag < minLag {
-			minLag = n.lc.MaxLag
-		}
-		return nil
-	}
-	if lc := cfg.base.Local; !lc.zero() && lc.MaxBytes != Off {
-		if err := add(c.base, lc); err != nil {
-			return err
-		}
-	}
-	for _, p := range c.prefixes {
-		switch own := cfg.prefixes[p.prefix].Local; {
-		case own.zero():
-			if c.base.near != nil {
-				p.near = c.base.near
-				tracked = append(tracked, p.prefix)
-			}
-		case own.MaxBytes != Off:
-			if err := add(p, own); err != nil {
-				return err
-			}
-		}
-	}
-	if len(c.nears) == 0 {
-		return nil
-	}
-	c.marks.seed = maphash.MakeSeed()
-	inv, err := newInvalidator(rdb, tracked, minLag/4, c.invalidated, c.flushNear, func(err error) { c.report(context.Background(), "", err) })
-	if err != nil {
-		for _, n := range c.nears {
-			n.entries.StopAllGoroutines()
-		}
-		return fmt.Errorf("packcache: %w", err)
-	}
-	c.inv = inv
-	for _, n := range c.nears {
-		n.inv, n.gate = inv, inv.gate(n.lc.MaxLag)
-	}
-	return nil
-}
-
-// keepNear puts a value read from Redis in key's near cache, unless a
-// write of key came since t. The entry lives no longer than the value in
-// Redis, counted from when the read was sent (Redis expires it later
-// still), nor past the moment it turns stale or due for refresh: a value
-// that expires now (PTTL 0) is not kept at all.
-func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) {
-	var until time.Time // zero: no expiry; the near cache's TTL caps it
-	if j.left >= 0 {
-		until = j.expires.Add(-p.staleFor) // stale from then
-		if p.refreshAfter > 0 {
-			// Due once its age, TTL + StaleFor - left, reaches RefreshAfter.
-			if due := j.expires.Add(p.refreshAfter - p.ttl - p.staleFor); due.Before(until) {
-				until = due
-			}
-		}
-		if !time.Now().Before(until) {
-			return
-		}
-	}
-	p.near.put(key, t, j.r, j.r.size, until)
-}
-
-// invalidated is told by Redis that keys were written: it removes them from
-// the near caches and ends the share window of reads of them begun before,
-// so that a Get after the invalidation reads afresh, as after a write of
-// this process.
-func (c *Cache[T]) invalidated(keys []string) {
-	c.invalidate(keys)
-	for _, k := range keys {
-		c.lookups.forget(k)
-		c.reads.forget(k)
-	}
-}
-
-// invalidate removes keys from the near caches: they were written.
-func (c *Cache[T]) invalidate(keys []string) {
-	for _, k := range keys {
-		c.marks.touch(k)
-		if n := c.policy(k).near; n != nil {
-			n.entries.Invalidate(k)
-		}
-	}
-}
-
-// flushNear empties the near caches.
-func (c *Cache[T]) flushNear() {
-	c.marks.touchAll()
-	for _, n := range c.nears {
-		n.entries.InvalidateAll()
-	}
 }
 
 // checkClient refuses a go-redis client that ignores context deadlines.
@@ -543,140 +441,6 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 	defer c.life.exit()
 	p := c.policy(key)
 	return c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
-}
-
-// fast answers a Get from the near cache or from a read of the key still
-// shared, without locks: the path a surge's callers take. It is kept
-// small, apart from get, so that their goroutines' stacks need not grow.
-func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
-	if p.near != nil {
-		if e, ok := p.near.get(key); ok {
-			return result[T]{val: e.val, data: e.data, from: fromNear}, nil, true
-		}
-	}
-	if !c.coalesce {
-		return r, nil, false
-	}
-	g := &c.lookups
-	if readThrough {
-		g = &c.reads
-	}
-	cl, ok := g.lookHot(key, time.Now().UnixNano())
-	if !ok {
-		return r, nil, false
-	}
-	select {
-	case <-cl.done:
-	default:
-		// Under way: a loader waiting for its own key's read would wait
-		// for itself.
-		if err := c.reentrant(ctx, key); err != nil {
-			return r, err, true
-		}
-	}
-	p.stats.coalescedWaits.Add(1)
-	r, err = wait(ctx, cl)
-	return r, err, true
-}
-
-func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
-	if err := ctx.Err(); err != nil {
-		// Already over: no read, no load, nothing counted, as in the
-		// batch calls.
-		var zero T
-		return zero, err
-	}
-	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
-		return c.deliver(key, p, r, err, r.from != fromNear)
-	}
-	f := flight[T]{c: c, key: key, p: p, ld: ld}
-	if !c.coalesce {
-		r, err := f.run(ctx, nil)
-		return c.deliver(key, p, r, err, false)
-	}
-	g := &c.lookups
-	if ld != nil {
-		g = &c.reads
-	}
-	r, err, shared := g.do(ctx, key, f)
-	if shared {
-		p.stats.coalescedWaits.Add(1)
-	}
-	return c.deliver(key, p, r, err, shared)
-}
-
-// run is the work of one read, shared by the callers that coalesce (cl
-// is their call; nil without coalescing): it reads key, judges what Redis
-// holds, and acts on the judgement.
-func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], error) {
-	c, key, p := f.c, f.key, f.p
-	var t ticket
-	if p.near != nil {
-		t = c.marks.take(key) // before the read is sent
-	}
-	rp := c.fetch(ctx, key, p)
-	if cl != nil {
-		cl.seal()
-	}
-	j := c.judge(key, p, rp, f.ld != nil)
-	if p.near != nil && j.v == vHit && !j.refresh {
-		c.keepNear(key, p, t, j)
-	}
-	return c.act(ctx, f, j)
-}
-
-// joining catches a loader that would wait for its own key's read.
-func (f flight[T]) joining(ctx context.Context, key string) error { return f.c.reentrant(ctx, key) }
-
-// act does with a judgement what rule says, for one key.
-func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
-	load, err := c.rule(ctx, f.key, j, f.ld != nil)
-	switch {
-	case err != nil:
-		return result[T]{}, err
-	case load:
-		return c.load(ctx, f, j)
-	}
-	if j.refresh {
-		c.refresh(ctx, f.key, f.p, oneLoader[T]{f.ld}, j)
-	}
-	return j.r, nil
-}
-
-// rule is what every read does with a judgement, single or batch, with a
-// loader (readThrough) or without: serve j.r (starting a refresh if it is
-// due), fail with err, or load. Without a loader, a value past its TTL, a
-// lease and a miss are all ErrMiss, and an undecodable value or a Redis
-// failure is the error. With one, all of them load, except a Redis failure
-// with WithStrictRedis; an undecodable value is reported as it is
-// reloaded. A tombstone is ErrNotFound either way.
-func (c *Cache[T]) rule(ctx context.Context, key string, j judgement[T], readThrough bool) (load bool, err error) {
-	switch j.v {
-	case vHit:
-		return false, nil
-	case vTombstone:
-		return false, ErrNotFound
-	case vCancelled:
-		// The caller gave up: neither a miss nor Redis's failure.
-		return false, j.err
-	}
-	if !readThrough {
-		switch j.v {
-		case vUndecodable, vUnavailable:
-			return false, j.err
-		default: // vStale, vLease, vMiss
-			return false, ErrMiss
-		}
-	}
-	switch j.v {
-	case vUnavailable:
-		if c.strict {
-			return false, j.err
-		}
-	case vUndecodable:
-		c.report(ctx, key, j.err)
-	}
-	return true, nil
 }
 
 // A SetOption changes how one Set or SetMany stores its values.

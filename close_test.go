@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/internal/redistest"
+	"go.uber.org/goleak"
 )
 
 // TestCloseDuringTraffic: Close, called three times at once while fifty
@@ -201,6 +203,107 @@ func TestCloseBoundedByLoadTimeout(t *testing.T) {
 	for deadline := time.Now().Add(2 * time.Second); rdb.Exists(ctx, "stubborn").Val() != 0; time.Sleep(10 * time.Millisecond) {
 		if raw := rdb.Get(ctx, "stubborn").Val(); raw == "" || raw[0] != 0x0c || time.Now().After(deadline) {
 			t.Fatalf("after a load past its timeout the key holds %q", raw)
+		}
+	}
+}
+
+func TestCloseRacingEverything(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts goroutines, and an embedded miniredis's own would count")
+	rdb.Ping(context.Background())
+	for round := range 40 {
+		ignore := goleak.IgnoreCurrent()
+		ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+			select {
+			case <-time.After(time.Duration(len(key)%4) * time.Millisecond):
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+			return "v" + key, nil
+		})
+		c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld), packcache.WithLoadTimeout(300*time.Millisecond),
+			packcache.WithTTL(50*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 10 * time.Millisecond}), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Second}),
+			packcache.WithLock(20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var afterClose atomic.Int64
+		closed := make(chan struct{})
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 200; i++ {
+					k := "c" + strconv.Itoa((g*7+i)%9)
+					var err error
+					began := false // began after Close returned
+					select {
+					case <-closed:
+						began = true
+					default:
+					}
+					switch (g + i) % 7 {
+					case 0:
+						_, err = c.Get(context.Background(), k)
+					case 1:
+						cctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+						_, err = c.Get(cctx, k)
+						cancel()
+					case 2:
+						err = c.Set(context.Background(), k, "s")
+					case 3:
+						err = c.Delete(context.Background(), k, "c1")
+					case 4:
+						_, err = c.GetMany(context.Background(), []string{k, "c2"})
+					case 5:
+						_, err = c.GetOrLoadMany(context.Background(), []string{k, "c3", "c4"}, func(ctx context.Context, ks []string) (map[string]string, error) {
+							m := map[string]string{}
+							for _, k := range ks {
+								m[k] = "m" + k
+							}
+							return m, nil
+						})
+					case 6:
+						err = c.SetMany(context.Background(), map[string]string{k: "x", "c5": "y"})
+					}
+					if began {
+						// A call that began after Close returned.
+						if !errors.Is(err, packcache.ErrClosed) {
+							afterClose.Add(1)
+						}
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(round%10) * time.Millisecond)
+		var cw sync.WaitGroup
+		for range 3 {
+			cw.Add(1)
+			go func() {
+				defer cw.Done()
+				if err := c.Close(); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			}()
+		}
+		cw.Wait()
+		leak := goleak.Find(ignore, goleak.IgnoreTopFunction("github.com/packcache/packcache_test.TestCloseRacingEverything.func2"),
+			goleak.IgnoreAnyFunction("github.com/packcache/packcache_test.TestCloseRacingEverything.func2"))
+		close(closed)
+		wg.Wait()
+		if leak != nil {
+			t.Fatalf("round %d: goroutines left after Close returned: %v", round, leak)
+		}
+		if n := afterClose.Load(); n > 0 {
+			t.Fatalf("round %d: %d calls after Close did not fail with ErrClosed", round, n)
+		}
+		ks, _ := rdb.Keys(context.Background(), "c*").Result()
+		for _, k := range ks {
+			if rawState(t, rdb, k) == "<lease>" {
+				t.Errorf("round %d: lease left in %s after Close returned", round, k)
+			}
 		}
 	}
 }

@@ -150,7 +150,7 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 // failure (see roundTripMany).
 func (c *Cache[T]) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
 	cmds := make([]*redis.Cmd, len(keys))
-	errs = c.roundTripMany(ctx, "lease", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+	errs = c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), olds[i])
 		return cmds[i]
 	})
@@ -186,7 +186,7 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []er
 		keys[i] = w.key
 	}
 	cmds := make([]*redis.Cmd, len(writes))
-	errs := c.roundTripMany(ctx, "set", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		w := writes[i]
 		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
 		return cmds[i]
@@ -225,7 +225,7 @@ func (c *Cache[T]) releaseLeases(ctx context.Context, keys, leases []string) {
 	if len(keys) == 0 {
 		return
 	}
-	errs := c.roundTripMany(ctx, "lease", keys, func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
 	})
 	for i, err := range errs {
@@ -235,9 +235,9 @@ func (c *Cache[T]) releaseLeases(ctx context.Context, keys, leases []string) {
 	}
 }
 
-// runScript queues script on key in pipe: as EVALSHA, or as EVAL when
-// sha is false (a node answered NOSCRIPT).
-func runScript(ctx context.Context, pipe redis.Pipeliner, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
+// runScript queues script on key in pipe (or runs it, on a client): as
+// EVALSHA, or as EVAL when sha is false (a node answered NOSCRIPT).
+func runScript(ctx context.Context, pipe redis.Cmdable, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
 	if sha {
 		return script.EvalSha(ctx, pipe, []string{key}, args...)
 	}

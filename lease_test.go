@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -379,5 +382,402 @@ func TestLeaseCostsOneRoundTrip(t *testing.T) {
 	}
 	if g, e := s.CommandCount(t, "get"), s.CommandCount(t, "evalsha"); g != 1 || e != 0 {
 		t.Fatalf("a hit made %d GETs and %d scripts, want 1 and 0", g, e)
+	}
+}
+
+// rawState returns what key holds, "<nil>" for nothing and "<lease>" for a
+// lease.
+func rawState(t testing.TB, rdb redis.UniversalClient, key string) string {
+	t.Helper()
+	b, err := rdb.Get(context.Background(), key).Bytes()
+	switch {
+	case err == redis.Nil:
+		return "<nil>"
+	case err != nil:
+		t.Fatalf("raw GET %q: %v", key, err)
+	case len(b) > 0 && b[0] == 0x0C:
+		return "<lease>"
+	}
+	return string(b)
+}
+
+func TestRefreshOverwritesIdenticalSet(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
+	ctx := ctxT(t)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var calls atomic.Int64
+	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		if calls.Add(1) == 1 {
+			entered <- struct{}{}
+			<-release
+			return "loaded-before-the-write", nil
+		}
+		return "later", nil
+	})
+	c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld),
+		packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "k", "A"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if v, err := c.Get(ctx, "k"); err != nil || v != "A" {
+		t.Fatalf("Get = %q, %v", v, err)
+	}
+	<-entered // the refresh's loader runs
+	// The write: the source now says "A" again, and the writer Sets it.
+	if err := c.Set(ctx, "k", "A"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := c.Close(); err != nil { // waits for the refresh
+		t.Fatal(err)
+	}
+	if got := rawState(t, rdb, "k"); got != `"A"` {
+		t.Errorf("after Set(k, A) returned, Redis holds %s: a refresh begun before the Set undid it", got)
+	}
+}
+
+// Same, with Delete and a later load that stores the same bytes again.
+func TestRefreshOverwritesDeleteThenReload(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
+	ctx := ctxT(t)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var calls atomic.Int64
+	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		if calls.Add(1) == 1 {
+			entered <- struct{}{}
+			<-release
+			return "loaded-before-the-delete", nil
+		}
+		return "A", nil
+	})
+	c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld),
+		packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Set(ctx, "k", "A")
+	time.Sleep(150 * time.Millisecond)
+	c.Get(ctx, "k") // starts the refresh
+	<-entered
+	if err := c.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Get(ctx, "k"); err != nil || v != "A" { // loads A afresh, stores it
+		t.Fatalf("Get after Delete = %q, %v", v, err)
+	}
+	close(release)
+	c.Close()
+	if got := rawState(t, rdb, "k"); got != `"A"` {
+		t.Errorf("Redis holds %s: the refresh begun before Delete stored its value", got)
+	}
+}
+
+func TestLeaseLeftAfterSerializationError(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[float64](t, rdb, packcache.WithLoader[float64](packcache.LoaderFunc[float64](
+		func(ctx context.Context, key string) (float64, error) { return math.NaN(), nil })))
+	_, err := c.Get(ctx, "nan")
+	if !errors.Is(err, packcache.ErrSerialization) {
+		t.Fatalf("Get = %v, want ErrSerialization", err)
+	}
+	if got := rawState(t, rdb, "nan"); got != "<nil>" {
+		ttl, _ := rdb.PTTL(ctx, "nan").Result()
+		t.Errorf("after the failed Get returned, key holds %s (PTTL %v)", got, ttl)
+	}
+}
+
+func TestLeaseLeftAfterTooLarge(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[string](t, rdb, packcache.WithMaxValueSize(100), packcache.WithLoader[string](packcache.LoaderFunc[string](
+		func(ctx context.Context, key string) (string, error) { return strings.Repeat("x", 500), nil })))
+	// Too large to store, but the loader's value all the same (see
+	// TestLoadedValueTooLargeToStore); the lease must not stay behind.
+	if v, err := c.Get(ctx, "big"); err != nil || len(v) != 500 {
+		t.Fatalf("Get = %d bytes, %v; want the loaded value", len(v), err)
+	}
+	if got := rawState(t, rdb, "big"); got != "<nil>" {
+		t.Errorf("after the failed Get returned, key holds %s", got)
+	}
+	// And meanwhile a Get without a loader (another cache) reports a miss,
+	// a Get with a loader loads without storing.
+}
+
+type crossHook struct {
+	mu       sync.Mutex
+	n        int
+	arrived2 chan struct{} // the second acquire pipeline has arrived
+	first    chan struct{} // the first has sent its first command
+	second   chan struct{} // the second is done
+	enabled  atomic.Bool
+}
+
+func (h *crossHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *crossHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func isAcquire(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	// evalsha sha 1 key lease ms over
+	return len(a) == 7 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && a[6] == ""
+}
+
+func (h *crossHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !h.enabled.Load() || len(cmds) != 2 || !isAcquire(cmds[0]) {
+			return next(ctx, cmds)
+		}
+		h.mu.Lock()
+		h.n++
+		n := h.n
+		h.mu.Unlock()
+		switch n {
+		case 1:
+			<-h.arrived2
+			err := next(ctx, cmds[:1])
+			close(h.first)
+			<-h.second
+			if err2 := next(ctx, cmds[1:]); err == nil {
+				err = err2
+			}
+			return err
+		case 2:
+			close(h.arrived2)
+			<-h.first
+			// The other key first, so that each batch wins one key.
+			err := next(ctx, []redis.Cmder{cmds[1], cmds[0]})
+			close(h.second)
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+type stormLog struct {
+	mu    sync.Mutex
+	start map[string]time.Time // loaded value -> when its loader call began
+	seq   atomic.Int64
+}
+
+func (l *stormLog) load(ctx context.Context, key string) (string, error) {
+	n := l.seq.Add(1)
+	v := "L" + key + "#" + strconv.FormatInt(n, 10)
+	l.mu.Lock()
+	l.start[v] = time.Now()
+	l.mu.Unlock()
+	d := time.Duration(n%7) * 3 * time.Millisecond
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	if n%11 == 0 {
+		return "", packcache.ErrNotFound
+	}
+	return v, nil
+}
+
+func TestWriteStorm(t *testing.T) {
+	for _, mode := range []string{"plain", "refresh+stale", "nocoalesce+window0"} {
+		t.Run(mode, func(t *testing.T) {
+			forEachTarget(t, func(t *testing.T, tg redistest.Target) { stormOnce(t, tg, mode) })
+		})
+	}
+}
+
+func stormOnce(t *testing.T, tg redistest.Target, mode string) {
+	ctx := ctxT(t)
+	lg := &stormLog{start: map[string]time.Time{}}
+	ld := packcache.LoaderFunc[string](lg.load)
+	base := []packcache.Option{packcache.WithLoader[string](ld), packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Second}), packcache.WithLoadTimeout(2 * time.Second)}
+	switch mode {
+	case "refresh+stale":
+		base = append(base, packcache.WithTTL(60*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 20 * time.Millisecond}), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Second}))
+	case "nocoalesce+window0":
+		base = append(base, packcache.WithCoalescing(false), packcache.WithShareWindow(packcache.Off))
+	}
+	c1, err := packcache.New[string](tg.Client, base...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := packcache.New[string](otherClient(t, tg), append(base, packcache.WithLock(30*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"s:a", "s:b", "s:c", "s:{d}1", "s:{d}2"}
+	type write struct {
+		val   string // "" for delete
+		began time.Time
+	}
+	last := make([]write, len(keys))
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	for r := range 6 {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			cc := c1
+			if r%2 == 1 {
+				cc = c2
+			}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := keys[(r+i)%len(keys)]
+				switch i % 3 {
+				case 0:
+					cc.Get(ctx, k)
+				case 1:
+					cctx, cancel := context.WithTimeout(ctx, time.Duration(i%5)*time.Millisecond)
+					cc.GetOrLoad(cctx, k, func(ctx context.Context) (string, error) { return lg.load(ctx, k) })
+					cancel()
+				case 2:
+					cc.GetOrLoadMany(ctx, keys[:3+(i%3)], func(ctx context.Context, ks []string) (map[string]string, error) {
+						m := map[string]string{}
+						for _, k := range ks {
+							if v, err := lg.load(ctx, k); err == nil {
+								m[k] = v
+							}
+						}
+						return m, nil
+					})
+				}
+			}
+		}()
+	}
+	var writers sync.WaitGroup
+	var violations atomic.Int64
+	for ki, k := range keys {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			cc := c1
+			if ki%2 == 1 {
+				cc = c2
+			}
+			for i := range 400 {
+				w := write{began: time.Now()}
+				if i%4 == 3 {
+					if err := cc.Delete(ctx, k); err != nil {
+						t.Errorf("Delete: %v", err)
+						return
+					}
+				} else {
+					w.val = "W" + k + "#" + strconv.Itoa(i)
+					if err := cc.Set(ctx, k, w.val); err != nil {
+						t.Errorf("Set: %v", err)
+						return
+					}
+					got, err := cc.Get(ctx, k)
+					if err == nil && got != w.val {
+						lg.mu.Lock()
+						st, loaded := lg.start[got]
+						lg.mu.Unlock()
+						if !loaded || st.Before(w.began) {
+							violations.Add(1)
+							t.Errorf("%s: Get right after Set(%s) returned %s (loader began %v before the Set)", k, w.val, got, w.began.Sub(st))
+						}
+					}
+				}
+				last[ki] = w
+				time.Sleep(time.Duration(i%5) * time.Millisecond)
+			}
+		}()
+	}
+	writers.Wait()
+	close(stop)
+	readers.Wait()
+	if err := c1.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := c2.Close(); err != nil {
+		t.Error(err)
+	}
+	for ki, k := range keys {
+		got := rawState(t, tg.Client, k)
+		w := last[ki]
+		switch {
+		case got == "<lease>":
+			t.Errorf("%s: a lease is left after every call and load ended", k)
+		case w.val != "" && got == `"`+w.val+`"`:
+		case got == "<nil>" || got == "\x0e":
+		default:
+			v := strings.Trim(got, `"`)
+			lg.mu.Lock()
+			st, loaded := lg.start[v]
+			lg.mu.Unlock()
+			if !loaded {
+				t.Errorf("%s: Redis holds %q, last write %q: an older write", k, got, w.val)
+			} else if st.Before(w.began) {
+				t.Errorf("%s: Redis holds %q, loaded by a call begun %v before the last write (%q)", k, got, w.began.Sub(st), w.val)
+			}
+		}
+	}
+}
+
+func TestStaleReloadRacingDelete(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
+	ctx := ctxT(t)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		entered <- struct{}{}
+		<-release
+		return "reloaded", nil
+	})
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld), packcache.WithTTL(50*time.Millisecond), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Minute}))
+	c.Set(ctx, "st", "A")
+	time.Sleep(80 * time.Millisecond)
+	go c.Get(ctx, "st") // stale: reloads
+	<-entered
+	c.Delete(ctx, "st")
+	close(release)
+	c.Close()
+	if got := rawState(t, rdb, "st"); got != "<nil>" {
+		t.Errorf("stale reload stored over Delete: %s", got)
+	}
+}
+
+func TestLockTakeoverRacingSet(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	pEntered, pRelease := make(chan struct{}, 1), make(chan struct{})
+	p := mustNew[string](t, rdb, packcache.WithLoader[string](packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		pEntered <- struct{}{}
+		<-pRelease
+		return "fromP", nil
+	})))
+	qEntered, qRelease := make(chan struct{}, 1), make(chan struct{})
+	q := mustNew[string](t, rdb.(*redis.Client), packcache.WithLock(100*time.Millisecond), packcache.WithLoader[string](packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		qEntered <- struct{}{}
+		<-qRelease
+		return "fromQ", nil
+	})))
+	w := mustNew[string](t, rdb)
+	go p.Get(ctx, "tk")
+	<-pEntered
+	qDone := make(chan string)
+	go func() { v, _ := q.Get(ctx, "tk"); qDone <- v }()
+	<-qEntered // Q took P's lease over after 100ms
+	if err := w.Set(ctx, "tk", "written"); err != nil {
+		t.Fatal(err)
+	}
+	close(qRelease)
+	<-qDone
+	close(pRelease)
+	p.Close()
+	q.Close()
+	if got := rawState(t, rdb, "tk"); got != `"written"` {
+		t.Errorf("after takeover + Set, Redis holds %s", got)
 	}
 }

@@ -1,12 +1,14 @@
 package packcache
 
 import (
+	"context"
 	"fmt"
 	"hash/maphash"
 	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 // LocalCache configures a near cache: decoded values kept in this process
@@ -219,3 +221,110 @@ func (m *marks) touch(key string) { m.stripe(key).Add(1) }
 
 // touchAll records that anything may have been written.
 func (m *marks) touchAll() { m.epoch.Add(1) }
+
+// startNear makes the near caches the policies ask for (one for the base
+// and the prefixes that inherit it, one for each prefix with a LocalCache
+// of its own) and starts their invalidation stream.
+func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
+	var tracked []string
+	minLag := time.Duration(0)
+	add := func(p *policy[T], lc LocalCache) error {
+		n, err := newNear[T](lc, &c.marks)
+		if err != nil {
+			return err
+		}
+		p.near = n
+		c.nears = append(c.nears, n)
+		tracked = append(tracked, p.prefix)
+		if minLag == 0 || n.lc.MaxLag < minLag {
+			minLag = n.lc.MaxLag
+		}
+		return nil
+	}
+	if lc := cfg.base.Local; !lc.zero() && lc.MaxBytes != Off {
+		if err := add(c.base, lc); err != nil {
+			return err
+		}
+	}
+	for _, p := range c.prefixes {
+		switch own := cfg.prefixes[p.prefix].Local; {
+		case own.zero():
+			if c.base.near != nil {
+				p.near = c.base.near
+				tracked = append(tracked, p.prefix)
+			}
+		case own.MaxBytes != Off:
+			if err := add(p, own); err != nil {
+				return err
+			}
+		}
+	}
+	if len(c.nears) == 0 {
+		return nil
+	}
+	c.marks.seed = maphash.MakeSeed()
+	inv, err := newInvalidator(rdb, tracked, minLag/4, c.invalidated, c.flushNear, func(err error) { c.report(context.Background(), "", err) })
+	if err != nil {
+		for _, n := range c.nears {
+			n.entries.StopAllGoroutines()
+		}
+		return fmt.Errorf("packcache: %w", err)
+	}
+	c.inv = inv
+	for _, n := range c.nears {
+		n.inv, n.gate = inv, inv.gate(n.lc.MaxLag)
+	}
+	return nil
+}
+
+// keepNear puts a value read from Redis in key's near cache, unless a
+// write of key came since t. The entry lives no longer than the value in
+// Redis, counted from when the read was sent (Redis expires it later
+// still), nor past the moment it turns stale or due for refresh: a value
+// that expires now (PTTL 0) is not kept at all.
+func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) {
+	var until time.Time // zero: no expiry; the near cache's TTL caps it
+	if j.left >= 0 {
+		until = j.expires.Add(-p.staleFor) // stale from then
+		if p.refreshAfter > 0 {
+			// Due once its age, TTL + StaleFor - left, reaches RefreshAfter.
+			if due := j.expires.Add(p.refreshAfter - p.ttl - p.staleFor); due.Before(until) {
+				until = due
+			}
+		}
+		if !time.Now().Before(until) {
+			return
+		}
+	}
+	p.near.put(key, t, j.r, j.r.size, until)
+}
+
+// invalidated is told by Redis that keys were written: it removes them from
+// the near caches and ends the share window of reads of them begun before,
+// so that a Get after the invalidation reads afresh, as after a write of
+// this process.
+func (c *Cache[T]) invalidated(keys []string) {
+	c.invalidate(keys)
+	for _, k := range keys {
+		c.lookups.forget(k)
+		c.reads.forget(k)
+	}
+}
+
+// invalidate removes keys from the near caches: they were written.
+func (c *Cache[T]) invalidate(keys []string) {
+	for _, k := range keys {
+		c.marks.touch(k)
+		if n := c.policy(k).near; n != nil {
+			n.entries.Invalidate(k)
+		}
+	}
+}
+
+// flushNear empties the near caches.
+func (c *Cache[T]) flushNear() {
+	c.marks.touchAll()
+	for _, n := range c.nears {
+		n.entries.InvalidateAll()
+	}
+}

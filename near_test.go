@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -682,4 +683,325 @@ func TestNearEntryLifeCountsFromTheRead(t *testing.T) {
 			t.Fatal("the near cache never served the key: the test proves nothing")
 		}
 	})
+}
+
+func nodeID(t *testing.T, c *redis.Client) string {
+	id, err := c.Do(context.Background(), "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// A slot moves to a master that just joined: writes there are unseen until
+// the near cache's follow() notices it (a 1 s ticker), longer than MaxLag.
+func TestClusterNewMaster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	ctx := ctxT(t)
+	rdb := cl.Client(t)
+	const lag = 100 * time.Millisecond
+	c := mustNew[Channel](t, rdb, advNear(lag)...)
+	other := cl.Client(t)
+	key := "nm:k"
+	if err := c.Set(ctx, key, Channel{ID: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	waitNear(t, c, key)
+
+	d := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000", "--cluster-announce-ip", "127.0.0.1")
+	dc := d.Client(t)
+	nodes := cl.Nodes()
+	n0 := nodes[0].Client(t)
+	_, dport, _ := strings.Cut(d.Addr(), ":")
+	if err := n0.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", dport).Err(); err != nil {
+		t.Fatal(err)
+	}
+	did := nodeID(t, dc)
+	// wait until every node knows D
+	for _, s := range nodes {
+		sc := s.Client(t)
+		for i := 0; ; i++ {
+			out, _ := sc.Do(ctx, "CLUSTER", "NODES").Text()
+			if strings.Contains(out, did) {
+				break
+			}
+			if i > 200 {
+				t.Fatal("D not known")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for i := 0; ; i++ {
+		info, _ := dc.Do(ctx, "CLUSTER", "INFO").Text()
+		if strings.Contains(info, "cluster_state:ok") {
+			break
+		}
+		if i > 300 {
+			t.Fatal("D never ok")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	src := cl.NodeForKey(t, key)
+	sc := src.Client(t)
+	srcID := nodeID(t, sc)
+	slot, _ := rdb.ClusterKeySlot(ctx, key).Result()
+	ss := strconv.FormatInt(slot, 10)
+	must := func(cmd *redis.Cmd) {
+		if err := cmd.Err(); err != nil {
+			t.Fatal(cmd.Args(), err)
+		}
+	}
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", ss, "IMPORTING", srcID))
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", ss, "MIGRATING", did))
+	must(sc.Do(ctx, "MIGRATE", "127.0.0.1", dport, "", 0, 5000, "KEYS", key))
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", ss, "NODE", did))
+	for _, s := range nodes {
+		must(s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", ss, "NODE", did))
+	}
+	moved := time.Now()
+	// Read K again (now on D) into the near cache.
+	waitNear(t, c, key)
+	if err := other.Set(ctx, key, `{"id":"new"}`, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wrote := time.Now()
+	var staleAt []time.Duration
+	for time.Since(wrote) < 3*time.Second {
+		v, err := c.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.ID == "new" {
+			break
+		}
+		staleAt = append(staleAt, time.Since(wrote))
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("slot moved to new master %v before the write; stale Gets after the write: %d, last at %v", wrote.Sub(moved), len(staleAt), func() any {
+		if len(staleAt) == 0 {
+			return 0
+		}
+		return staleAt[len(staleAt)-1]
+	}())
+	if len(staleAt) > 0 && staleAt[len(staleAt)-1] > lag+50*time.Millisecond {
+		t.Fatalf("a Get begun %v after another client's write returned (MaxLag %v) saw the old value", staleAt[len(staleAt)-1], lag)
+	}
+}
+
+// No DEBUG: a keyspace of 200k keys with TTLs (a normal cache) makes Redis's
+// active expiry take a long time to reach any one expired key.
+func TestExpiredServedRealistic(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
+	ctx := ctxT(t)
+	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	for b := 0; b < 200; b++ {
+		p := rdb.Pipeline()
+		for i := 0; i < 1000; i++ {
+			p.Set(ctx, fmt.Sprintf("bulk:%d:%d", b, i), "x", time.Hour)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := mustNew[Channel](t, rdb, advNear(200*time.Millisecond)...)
+	if err := c.Set(ctx, "ex:k", Channel{ID: "short"}, packcache.SetTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitNear(t, c, "ex:k")
+	time.Sleep(4 * time.Second)
+	v, err := c.Get(ctx, "ex:k")
+	if !errors.Is(err, packcache.ErrMiss) {
+		n, _ := rdb.Exists(ctx, "ex:k").Result()
+		t.Fatalf("3 s after its 1 s TTL ended, Get returns %q, %v (near hits %d); Redis EXISTS: %d", v.ID, err, c.Stats().NearHits, n)
+	}
+}
+
+func advNear(lag time.Duration, opts ...packcache.Option) []packcache.Option {
+	return append([]packcache.Option{packcache.WithShareWindow(packcache.Off), packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Minute, MaxLag: lag})}, opts...)
+}
+
+// Expiry: a key whose TTL passed is a miss for Redis GET; is it for the near cache?
+func TestExpiredServed(t *testing.T) {
+	s := redistest.Start(t, "--enable-debug-command", "yes")
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
+	ctx := ctxT(t)
+	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	c := mustNew[Channel](t, rdb, advNear(200*time.Millisecond)...)
+	// Redis's active expiry is slow on a large keyspace; simulate it.
+	if err := rdb.Do(ctx, "DEBUG", "SET-ACTIVE-EXPIRE", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "ex:k", Channel{ID: "short"}, packcache.SetTTL(300*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	waitNear(t, c, "ex:k")
+	time.Sleep(time.Second)
+	v, err := c.Get(ctx, "ex:k")
+	if !errors.Is(err, packcache.ErrMiss) {
+		n, _ := rdb.Exists(ctx, "ex:k").Result()
+		t.Fatalf("700ms after its TTL ended Get returns %+v, %v; Redis EXISTS says %d", v.ID, err, n)
+	}
+}
+
+// Keyspace ops onto a key: RENAME, COPY REPLACE, MOVE, RESTORE REPLACE, SORT STORE...
+func TestKeyspaceOps(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
+	ctx := ctxT(t)
+	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	other := s.Client(t)
+	c := mustNew[Channel](t, rdb, advNear(200*time.Millisecond)...)
+	ops := map[string]func(key string){
+		"RENAME": func(key string) { other.Set(ctx, "tmp", `{"id":"new"}`, 0); other.Rename(ctx, "tmp", key) },
+		"COPY": func(key string) {
+			other.Set(ctx, "tmp", `{"id":"new"}`, 0)
+			if err := other.Do(ctx, "COPY", "tmp", key, "REPLACE").Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"MOVE-from-db1": func(key string) {
+			other.Del(ctx, key)
+			o1 := s.Client(t, func(o *redis.Options) { o.DB = 1 })
+			o1.Set(ctx, key, `{"id":"new"}`, 0)
+			o1.Move(ctx, key, 0)
+		},
+		"RESTORE": func(key string) {
+			other.Set(ctx, "tmp", `{"id":"new"}`, 0)
+			d, _ := other.Dump(ctx, "tmp").Result()
+			other.RestoreReplace(ctx, key, 0, d)
+		},
+		"APPEND-SETRANGE": func(key string) { other.SetRange(ctx, key, 7, "new\"}   ") },
+	}
+	for name, op := range ops {
+		key := "ks:" + name
+		if err := c.Set(ctx, key, Channel{ID: "old"}); err != nil {
+			t.Fatal(err)
+		}
+		waitNear(t, c, key)
+		op(key)
+		raw, _ := rdb.Get(ctx, key).Result()
+		time.Sleep(600 * time.Millisecond)
+		v, err := c.Get(ctx, key)
+		if v.ID == "old" {
+			t.Errorf("%s: Get still returns old after 3x MaxLag; Redis holds %q (err %v)", name, raw, err)
+		}
+	}
+}
+
+// A cache on DB 1: are writes in DB 1 seen?
+func TestNonZeroDB(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING")
+	ctx := ctxT(t)
+	rdb := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true; o.DB = 1 })
+	other := s.Client(t, func(o *redis.Options) { o.DB = 1 })
+	c := mustNew[Channel](t, rdb, advNear(200*time.Millisecond)...)
+	c.Set(ctx, "d1:k", Channel{ID: "old"})
+	waitNear(t, c, "d1:k")
+	other.Set(ctx, "d1:k", `{"id":"new"}`, 0)
+	time.Sleep(600 * time.Millisecond)
+	v, err := c.Get(ctx, "d1:k")
+	if v.ID != "new" {
+		t.Fatalf("Get %+v %v", v, err)
+	}
+	// FLUSHDB of db 1
+	waitNear(t, c, "d1:k")
+	other.FlushDB(ctx)
+	time.Sleep(600 * time.Millisecond)
+	if v, err := c.Get(ctx, "d1:k"); !errors.Is(err, packcache.ErrMiss) {
+		t.Fatalf("after FLUSHDB Get %+v %v", v, err)
+	}
+}
+
+// TestSentinelFailover: after a Sentinel failover, the near cache
+// follows the new master: a write to it is seen within MaxLag.
+func TestSentinelFailover(t *testing.T) {
+	m := redistest.Start(t)
+	host, mport, _ := strings.Cut(m.Addr(), ":")
+	r := redistest.Start(t, "--replicaof", host, mport)
+	saddr := redistest.StartSentinel(t, m, "pc")
+	ctx := ctxT(t)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: saddr})
+	defer sc.Close()
+	for i := 0; ; i++ {
+		reps, _ := sc.Replicas(ctx, "pc").Result()
+		if len(reps) > 0 && strings.Contains(reps[0]["flags"], "slave") && !strings.Contains(reps[0]["flags"], "disconnected") {
+			break
+		}
+		if i > 300 {
+			t.Fatal("sentinel never saw the replica")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "pc", SentinelAddrs: []string{saddr}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	other := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "pc", SentinelAddrs: []string{saddr}})
+	t.Cleanup(func() { other.Close() })
+	const lag = 200 * time.Millisecond
+	c := mustNew[Channel](t, rdb, advNear(lag)...)
+	key := "sf:k"
+	if err := c.Set(ctx, key, Channel{ID: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	waitNear(t, c, key)
+	if err := sc.Failover(ctx, "pc").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		a, _ := sc.GetMasterAddrByName(ctx, "pc").Result()
+		if len(a) == 2 && a[0]+":"+a[1] == r.Addr() {
+			break
+		}
+		if i > 400 {
+			t.Fatal("no failover")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// wait until the new master accepts writes through the failover client
+	for i := 0; ; i++ {
+		if err := other.Set(ctx, "probe", "1", 0).Err(); err == nil {
+			break
+		}
+		if i > 400 {
+			t.Fatal("new master never writable")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	for round := 0; round < 3; round++ {
+		// The old master may have resynchronised from the new one (and
+		// lost the key meanwhile): write it again before near-caching it.
+		if err := other.Set(ctx, key, `{"id":"before"}`, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitNear(t, c, key)
+		want := "v" + string(rune('0'+round))
+		if err := other.Set(ctx, key, `{"id":"`+want+`"}`, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		wrote := time.Now()
+		var last time.Duration
+		for time.Since(wrote) < 20*time.Second {
+			v, err := c.Get(ctx, key)
+			if err == nil && v.ID == want {
+				break
+			}
+			last = time.Since(wrote)
+			time.Sleep(5 * time.Millisecond)
+		}
+		info, _ := m.Client(t).Info(context.Background(), "replication").Result()
+		role := "?"
+		for _, l := range strings.Split(info, "\n") {
+			if strings.HasPrefix(l, "role:") || strings.HasPrefix(l, "master_link_status") {
+				role += " " + strings.TrimSpace(l)
+			}
+		}
+		t.Logf("round %d: last stale Get %v after the write; old master: %s", round, last, role)
+		if last > lag+50*time.Millisecond {
+			t.Errorf("after failover, a write to the new master unseen for %v", last)
+		}
+	}
+	cl, _ := m.Client(t).ClientList(ctx).Result()
+	t.Logf("old master clients:\n%s", cl)
 }

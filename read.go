@@ -14,6 +14,156 @@ import (
 	"github.com/packcache/packcache/codec"
 )
 
+// A read, in call order: get answers from the near cache or a read of the
+// key still shared (fast); else it joins or starts the shared read
+// (coalesce.go), whose work is flight.run: fetch the key, judge what Redis
+// holds, and act on the judgement by rule: serve it, fail, or load
+// (load.go). deliver counts the caller's outcome and hands it its value.
+
+// get is Get and GetOrLoad, with ld the loader (nil: none).
+func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+	if err := ctx.Err(); err != nil {
+		// Already over: no read, no load, nothing counted, as in the
+		// batch calls.
+		var zero T
+		return zero, err
+	}
+	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
+		return c.deliver(key, p, r, err, r.from != fromNear)
+	}
+	f := flight[T]{c: c, key: key, p: p, ld: ld}
+	if !c.coalesce {
+		r, err := f.run(ctx, nil)
+		return c.deliver(key, p, r, err, false)
+	}
+	g := &c.lookups
+	if ld != nil {
+		g = &c.reads
+	}
+	r, err, shared := g.do(ctx, key, f)
+	if shared {
+		p.stats.coalescedWaits.Add(1)
+	}
+	return c.deliver(key, p, r, err, shared)
+}
+
+// fast answers a Get from the near cache or from a read of the key still
+// shared, without locks: the path a surge's callers take. It is kept
+// small, apart from get, so that their goroutines' stacks need not grow.
+func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
+	if p.near != nil {
+		if e, ok := p.near.get(key); ok {
+			return result[T]{val: e.val, data: e.data, from: fromNear}, nil, true
+		}
+	}
+	if !c.coalesce {
+		return r, nil, false
+	}
+	g := &c.lookups
+	if readThrough {
+		g = &c.reads
+	}
+	cl, ok := g.lookHot(key, time.Now().UnixNano())
+	if !ok {
+		return r, nil, false
+	}
+	select {
+	case <-cl.done:
+	default:
+		// Under way: a loader waiting for its own key's read would wait
+		// for itself.
+		if err := c.reentrant(ctx, key); err != nil {
+			return r, err, true
+		}
+	}
+	p.stats.coalescedWaits.Add(1)
+	r, err = wait(ctx, cl)
+	return r, err, true
+}
+
+// flight holds what one read needs, passed by value so that no closure is
+// allocated for it.
+type flight[T any] struct {
+	c   *Cache[T]
+	key string
+	p   *policy[T]
+	ld  Loader[T]
+}
+
+// run is the work of one read, shared by the callers that coalesce (cl
+// is their call; nil without coalescing): it reads key, judges what Redis
+// holds, and acts on the judgement.
+func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], error) {
+	c, key, p := f.c, f.key, f.p
+	var t ticket
+	if p.near != nil {
+		t = c.marks.take(key) // before the read is sent
+	}
+	rp := c.fetch(ctx, key, p)
+	if cl != nil {
+		cl.seal()
+	}
+	j := c.judge(key, p, rp, f.ld != nil)
+	if p.near != nil && j.v == vHit && !j.refresh {
+		c.keepNear(key, p, t, j)
+	}
+	return c.act(ctx, f, j)
+}
+
+// joining catches a loader that would wait for its own key's read.
+func (f flight[T]) joining(ctx context.Context, key string) error { return f.c.reentrant(ctx, key) }
+
+// act does with a judgement what rule says, for one key.
+func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
+	load, err := c.rule(ctx, f.key, j, f.ld != nil)
+	switch {
+	case err != nil:
+		return result[T]{}, err
+	case load:
+		return c.load(ctx, f, j)
+	}
+	if j.refresh {
+		c.refresh(ctx, f.key, f.p, oneLoader[T]{f.ld}, j)
+	}
+	return j.r, nil
+}
+
+// rule is what every read does with a judgement, single or batch, with a
+// loader (readThrough) or without: serve j.r (starting a refresh if it is
+// due), fail with err, or load. Without a loader, a value past its TTL, a
+// lease and a miss are all ErrMiss, and an undecodable value or a Redis
+// failure is the error. With one, all of them load, except a Redis failure
+// with WithStrictRedis; an undecodable value is reported as it is
+// reloaded. A tombstone is ErrNotFound either way.
+func (c *Cache[T]) rule(ctx context.Context, key string, j judgement[T], readThrough bool) (load bool, err error) {
+	switch j.v {
+	case vHit:
+		return false, nil
+	case vTombstone:
+		return false, ErrNotFound
+	case vCancelled:
+		// The caller gave up: neither a miss nor Redis's failure.
+		return false, j.err
+	}
+	if !readThrough {
+		switch j.v {
+		case vUndecodable, vUnavailable:
+			return false, j.err
+		default: // vStale, vLease, vMiss
+			return false, ErrMiss
+		}
+	}
+	switch j.v {
+	case vUnavailable:
+		if c.strict {
+			return false, j.err
+		}
+	case vUndecodable:
+		c.report(ctx, key, j.err)
+	}
+	return true, nil
+}
+
 // A verdict is what a stored value means to a reader.
 type verdict uint8
 

@@ -230,9 +230,24 @@ func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], 
 // whose node's breaker is open are not sent. Each node's breaker is told
 // once what the pipeline says of it. It returns each key's error, judged
 // as roundTrip judges it.
-func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, queue func(ctx context.Context, pipe redis.Pipeliner, i int, sha bool) redis.Cmder) []error {
+//
+// single says that queue sends one command per key: then a batch of one
+// key is sent to the client as it is, through roundTrip, since a pipeline
+// of one command costs allocations and saves no round trip. (A load of one
+// key is a batch of one: its lease and its store are such commands.)
+func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
 	errs := make([]error, len(keys))
-	if len(keys) == 0 {
+	switch {
+	case len(keys) == 0:
+		return errs
+	case len(keys) == 1 && single:
+		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), func(ctx context.Context) error {
+			cmd := queue(ctx, c.rdb, 0, true)
+			if isNoScript(cmd.Err()) {
+				cmd = queue(ctx, c.rdb, 0, false)
+			}
+			return cmd.Err()
+		})
 		return errs
 	}
 	bud := c.budget(ctx)
@@ -251,7 +266,7 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 		_, _ = pipe.Exec(bud) // each command carries its own error
 		again := false
 		for i, cmd := range cmds {
-			if cmd != nil && cmd.Err() != nil && strings.HasPrefix(cmd.Err().Error(), "NOSCRIPT") {
+			if cmd != nil && isNoScript(cmd.Err()) {
 				cmds[i] = queue(bud, pipe, i, false)
 				again = true
 			}
@@ -274,6 +289,9 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 	nb.feed()
 	return errs
 }
+
+// isNoScript reports a node's answer that it has not seen a script yet.
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // judgeCall judges what a Redis call made for caller, under bud, says of
 // its node, and returns the error its caller gets: see roundTrip.

@@ -241,8 +241,8 @@ func TestLoaderPanicThenSuccess(t *testing.T) {
 	surge(50, func(int) {
 		_, err := c.Get(ctx, "k")
 		var pe *packcache.PanicError
-		if errors.As(err, &pe) && strings.Contains(string(pe.Stack), "loader_test.go") && strings.Contains(err.Error(), "database driver bug") &&
-			!strings.ContainsAny(err.Error(), "\n") && !strings.Contains(err.Error(), "loader_test.go") {
+		if errors.As(err, &pe) && strings.Contains(string(pe.Stack), "load_test.go") && strings.Contains(err.Error(), "database driver bug") &&
+			!strings.ContainsAny(err.Error(), "\n") && !strings.Contains(err.Error(), "load_test.go") {
 			// The message is one line: the stack stays in the field.
 			panics.Add(1)
 		}
@@ -885,4 +885,250 @@ func TestLoadedValueTooLargeToStore(t *testing.T) {
 			t.Fatalf("stats: %d too large, %d load errors; want 2 and 0", st.TooLarge, st.LoadErrors)
 		}
 	})
+}
+
+func TestSlowLoaderIgnoringContext(t *testing.T) {
+	for _, name := range []string{"cancellable", "background"} {
+		t.Run(name, func(t *testing.T) {
+			_, rdb := single(t)
+			c, err := packcache.New[string](rdb, packcache.WithLoadTimeout(200*time.Millisecond),
+				packcache.WithLoader[string](packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+					time.Sleep(3 * time.Second) // ignores ctx
+					return "late", nil
+				})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			if name == "cancellable" {
+				ctx = ctxT(t)
+			}
+			start := time.Now()
+			_, err = c.Get(ctx, "slow")
+			el := time.Since(start)
+			t.Logf("Get returned after %v: %v", el, err)
+			if !errors.Is(err, packcache.ErrLoadTimeout) {
+				t.Errorf("err = %v, want ErrLoadTimeout", err)
+			}
+			if el > time.Second {
+				t.Errorf("Get took %v with a 200ms load timeout", el)
+			}
+		})
+	}
+}
+
+func TestStaleCallerJoinsFailingRefresh(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
+	ctx := ctxT(t)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var calls atomic.Int64
+	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		if calls.Add(1) == 1 {
+			entered <- struct{}{}
+			<-release
+		}
+		return "", errors.New("source down")
+	})
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld),
+		packcache.WithTTL(400*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}),
+		packcache.WithPrefix("", packcache.Policy{StaleFor: 10 * time.Second}))
+	c.Set(ctx, "k", "A")
+	time.Sleep(150 * time.Millisecond)
+	if v, err := c.Get(ctx, "k"); err != nil || v != "A" { // fresh; starts a refresh
+		t.Fatalf("Get = %q, %v", v, err)
+	}
+	<-entered
+	time.Sleep(400 * time.Millisecond) // now past TTL: stale
+	type res struct {
+		v   string
+		err error
+	}
+	done := make(chan res)
+	go func() { v, err := c.Get(ctx, "k"); done <- res{v, err} }()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	r := <-done
+	if r.err != nil || r.v != "A" {
+		t.Errorf("stale Get with a failing reload = %q, %v; want the stale value A (loader calls: %d)", r.v, r.err, calls.Load())
+	}
+}
+
+func TestLoaderGoexit(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		runtime.Goexit()
+		return "", nil
+	})))
+	_, err := c.Get(ctx, "gx")
+	var pe *packcache.Error
+	if !errors.As(err, &pe) || pe.Key != "gx" {
+		t.Errorf("Get with a Goexit loader = %v (%T): not an *Error naming the key", err, err)
+	}
+	if got := rawState(t, rdb, "gx"); got != "<nil>" {
+		t.Errorf("after the Get returned, key holds %s", got)
+	}
+	_, err = c.GetOrLoadMany(ctx, []string{"gm"}, func(ctx context.Context, keys []string) (map[string]string, error) {
+		runtime.Goexit()
+		return nil, nil
+	})
+	if !errors.As(err, &pe) || pe.Key != "gm" {
+		t.Errorf("GetOrLoadMany with a Goexit fn = %v (%T): not an *Error naming the key", err, err)
+	}
+	if got := rawState(t, rdb, "gm"); got != "<nil>" {
+		t.Errorf("after GetOrLoadMany returned, key holds %s", got)
+	}
+}
+
+type panicky struct{ N int }
+
+func (panicky) MarshalJSON() ([]byte, error) { panic("MarshalJSON exploded") }
+
+// TestMarshalPanic: a panic in the serializer on a loaded value, in a
+// load run on a goroutine of the cache's, must neither kill the process nor
+// leave a lease: every caller gets a *PanicError naming the key.
+func TestMarshalPanic(t *testing.T) {
+	for _, mode := range []string{"get", "nocoalesce", "many"} {
+		t.Run(mode, func(t *testing.T) {
+			_, rdb := single(t)
+			ld := packcache.LoaderFunc[panicky](func(ctx context.Context, key string) (panicky, error) { return panicky{1}, nil })
+			opts := []packcache.Option{packcache.WithLoader[panicky](ld)}
+			if mode == "nocoalesce" {
+				opts = append(opts, packcache.WithCoalescing(false))
+			}
+			c := mustNew[panicky](t, rdb, opts...)
+			var err error
+			if mode == "many" {
+				_, err = c.GetOrLoadMany(ctxT(t), []string{"p"}, func(ctx context.Context, keys []string) (map[string]panicky, error) {
+					return map[string]panicky{"p": {1}}, nil
+				})
+			} else {
+				_, err = c.Get(ctxT(t), "p")
+			}
+			var pe *packcache.PanicError
+			if !errors.As(err, &pe) || !isKeyErr(err, "p") {
+				t.Fatalf("err = %v, want a *PanicError naming the key", err)
+			}
+			if got := rawState(t, rdb, "p"); got != "<nil>" {
+				t.Fatalf("after the panic the key holds %s", got)
+			}
+		})
+	}
+}
+
+func TestPerCallerUndecodableNotReloaded(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	rdb.Set(ctx, "n", `"not a number"`, 0)
+	var calls atomic.Int64
+	ld := packcache.LoaderFunc[int](func(ctx context.Context, key string) (int, error) { calls.Add(1); return 42, nil })
+	for _, per := range []bool{false, true} {
+		rdb.Set(ctx, "n", `"not a number"`, 0)
+		opts := []packcache.Option{packcache.WithLoader[int](ld)}
+		if per {
+			opts = append(opts, packcache.WithDecodePerCaller())
+		}
+		c := mustNew[int](t, rdb, opts...)
+		v, err := c.Get(ctx, "n")
+		t.Logf("perCaller=%v: Get = %d, %v; Redis holds %s", per, v, err, rawState(t, rdb, "n"))
+		if err != nil || v != 42 {
+			t.Errorf("perCaller=%v: read-through Get of an undecodable value = %d, %v; want it reloaded (42)", per, v, err)
+		}
+	}
+}
+
+func TestReentrantEverywhere(t *testing.T) {
+	_, rdb := single(t)
+	cfgs := map[string][]packcache.Option{
+		"default":    nil,
+		"window0":    {packcache.WithShareWindow(packcache.Off)},
+		"nocoalesce": {packcache.WithCoalescing(false)},
+		"lock":       {packcache.WithLock(time.Second)},
+		"bigwindow":  {packcache.WithShareWindow(time.Hour)},
+	}
+	for name, extra := range cfgs {
+		for _, inner := range []string{"get", "getorload", "many", "many-other-first"} {
+			t.Run(name+"/"+inner, func(t *testing.T) {
+				ctx := ctxT(t)
+				var c *packcache.Cache[string]
+				var innerErr error
+				ld := packcache.LoaderFunc[string](func(lctx context.Context, key string) (string, error) {
+					start := time.Now()
+					switch inner {
+					case "get":
+						_, innerErr = c.Get(lctx, key)
+					case "getorload":
+						_, innerErr = c.GetOrLoad(lctx, key, func(context.Context) (string, error) { return "x", nil })
+					case "many":
+						_, innerErr = c.GetOrLoadMany(lctx, []string{key}, func(context.Context, []string) (map[string]string, error) { return nil, nil })
+					case "many-other-first":
+						_, innerErr = c.GetOrLoadMany(lctx, []string{"other", key}, func(_ context.Context, ks []string) (map[string]string, error) {
+							return map[string]string{"other": "o"}, nil
+						})
+					}
+					if time.Since(start) > 500*time.Millisecond {
+						innerErr = errors.New("inner call waited " + time.Since(start).String())
+					}
+					return "v", nil
+				})
+				c = mustNew[string](t, rdb, append([]packcache.Option{packcache.WithLoader[string](ld), packcache.WithLoadTimeout(3 * time.Second)}, extra...)...)
+				rdb.Del(ctx, "r", "other")
+				if _, err := c.Get(ctx, "r"); err != nil {
+					t.Fatal(err)
+				}
+				if !errors.Is(innerErr, packcache.ErrReentrantLoad) {
+					t.Errorf("inner %s: %v, want ErrReentrantLoad", inner, innerErr)
+				}
+			})
+		}
+	}
+}
+
+// TestLoadTimeoutAndClose: a shared load runs detached from its callers,
+// so it needs bounds of its own. WithLoadTimeout ends it with
+// ErrLoadTimeout; Close waits for it, and ends it only if it outlives the
+// load timeout.
+func TestLoadTimeoutAndClose(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	hang := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		<-ctx.Done()
+		return Channel{}, ctx.Err()
+	})
+	c := mustNew[Channel](t, rdb, packcache.WithLoader(hang), packcache.WithLoadTimeout(100*time.Millisecond))
+	start := time.Now()
+	if _, err := c.Get(ctx, "k"); !errors.Is(err, packcache.ErrLoadTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get with a hanging loader: %v, want ErrLoadTimeout", err)
+	}
+	if d := time.Since(start); d < 90*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("load timed out after %v, want about 100ms", d)
+	}
+
+	// The caller leaves; the load goes on; Close waits for it up to the
+	// load timeout, then ends it.
+	c2, err := packcache.New[Channel](rdb, packcache.WithLoader(hang), packcache.WithLoadTimeout(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := c2.Get(short, "k2"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("caller with a short deadline: %v", err)
+	}
+	closed := make(chan error)
+	start = time.Now()
+	go func() { closed <- c2.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if d := time.Since(start); d < 200*time.Millisecond {
+			t.Fatalf("Close returned after %v, before the load under way ended", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
+	}
 }

@@ -1,0 +1,247 @@
+package packcache_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+var allCodecs = []codec.Codec{codec.None, codec.LZ4, codec.LZ4HC, codec.Snappy, codec.Zstd, codec.ZstdDefault, codec.ZstdBetter, codec.ZstdBest}
+
+func TestRoundTripCodecsSizesSerializers(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		sizes := []int{0, 1, 100, 1023, 1024, 1025, 40 << 10, 128 << 10, 1 << 20}
+		if !testing.Short() {
+			sizes = append(sizes, 8<<20)
+		}
+		for _, cd := range allCodecs {
+			for _, ser := range []packcache.Serializer{packcache.JSON, packcache.Gob} {
+				c := mustNew[Channel](t, tg.Client, packcache.WithCodec(cd), packcache.WithSerializer(ser))
+				raw := mustNew[[]byte](t, tg.Client, packcache.WithCodec(cd))
+				for _, size := range sizes {
+					if size == 8<<20 && (cd == codec.ZstdBest || cd == codec.LZ4HC || cd == codec.ZstdBetter) {
+						continue // the slow levels at 8 MiB add time, not coverage
+					}
+					key := fmt.Sprintf("rt:%s:%T:%d", cd.Name(), ser, size)
+					want := makeChannel(uint64(size), size)
+					if err := c.Set(ctx, key, want); err != nil {
+						t.Fatalf("%s Set: %v", key, err)
+					}
+					got, err := c.Get(ctx, key)
+					if err != nil {
+						t.Fatalf("%s Get: %v", key, err)
+					}
+					if !reflect.DeepEqual(got, want) {
+						t.Fatalf("%s: round trip changed the value", key)
+					}
+					// Exact byte sizes, including 0, through []byte.
+					rkey := key + ":raw"
+					wantRaw := jsonText(size)
+					if err := raw.Set(ctx, rkey, wantRaw); err != nil {
+						t.Fatalf("%s Set: %v", rkey, err)
+					}
+					gotRaw, err := raw.Get(ctx, rkey)
+					if err != nil {
+						t.Fatalf("%s Get: %v", rkey, err)
+					}
+					if !bytes.Equal(gotRaw, wantRaw) || gotRaw == nil {
+						t.Fatalf("%s: raw round trip changed %d bytes into %d", rkey, len(wantRaw), len(gotRaw))
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestThresholdBoundary(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	for _, n := range []int{256, 1024, 4000} {
+		c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(n), packcache.WithCodec(codec.LZ4))
+		if err := c.Set(ctx, "at", jsonText(n)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Set(ctx, "above", jsonText(n+1)); err != nil {
+			t.Fatal(err)
+		}
+		if b := rawGet(t, rdb, "at"); b[0] != '"' || len(b) != n {
+			t.Errorf("n=%d: value of n bytes stored as %d bytes starting %#x, want plain", n, len(b), b[0])
+		}
+		if b := rawGet(t, rdb, "above"); b[0] != codec.HeaderLZ4 {
+			t.Errorf("n=%d: value of n+1 bytes stored starting %#x, want LZ4 header", n, b[0])
+		}
+	}
+}
+
+func TestCompressAboveZeroCompressesEverything(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(packcache.CompressAll), packcache.WithCodec(codec.Zstd))
+	v := jsonText(300)
+	c.Set(ctx, "k", v)
+	if b := rawGet(t, rdb, "k"); b[0] != codec.HeaderZstd {
+		t.Fatalf("stored %#x..., want zstd", b[0])
+	}
+}
+
+func TestIncompressibleStoredPlain(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(packcache.CompressAll))
+	// Random base64 text barely compresses: with a minimum saving of 1 KiB
+	// it must be stored plain.
+	c2 := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(packcache.CompressAll), packcache.WithPrefix("", packcache.Policy{MinSaving: 1 << 10}))
+	v := []byte(`"` + strings.Repeat("aZ3+9qX/", 1) + randomB64(4000) + `"`)
+	if err := c2.Set(ctx, "k", v); err != nil {
+		t.Fatal(err)
+	}
+	if b := rawGet(t, rdb, "k"); !bytes.Equal(b, v) {
+		t.Fatalf("incompressible value stored as %d bytes starting %#x, want verbatim", len(b), b[0])
+	}
+	got, err := c.Get(ctx, "k")
+	if err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("Get = %d bytes, %v", len(got), err)
+	}
+}
+
+func randomB64(n int) string {
+	const alpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	b := make([]byte, n)
+	x := uint64(88172645463325252)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = alpha[x%64]
+	}
+	return string(b)
+}
+
+func TestMissDeleteTTL(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		c := mustNew[Channel](t, tg.Client, packcache.WithTTL(2*time.Second))
+		if _, err := c.Get(ctx, "absent"); !errors.Is(err, packcache.ErrMiss) {
+			t.Fatalf("Get of absent key: %v, want ErrMiss", err)
+		}
+		c.Set(ctx, "a", Channel{ID: "a"})
+		c.Set(ctx, "b", Channel{ID: "b"}, packcache.SetTTL(1500*time.Millisecond))
+		c.Set(ctx, "forever", Channel{ID: "f"}, packcache.SetTTL(packcache.Off))
+		if d := tg.Client.PTTL(ctx, "a").Val(); d <= time.Second || d > 2*time.Second {
+			t.Errorf("PTTL a = %v, want about 2s", d)
+		}
+		if d := tg.Client.PTTL(ctx, "b").Val(); d <= time.Second || d > 1500*time.Millisecond {
+			t.Errorf("PTTL b = %v, want about 1.5s (sub-second precision kept)", d)
+		}
+		if d := tg.Client.PTTL(ctx, "forever").Val(); d != -1 {
+			t.Errorf("PTTL forever = %v, want no expiry", d)
+		}
+		if err := c.Set(ctx, "bad", Channel{}, packcache.SetTTL(-5)); err == nil {
+			t.Error("Set with a negative TTL succeeded")
+		}
+		// Zero is the policy's TTL, as everywhere.
+		if err := c.Set(ctx, "policy", Channel{}, packcache.SetTTL(0)); err != nil {
+			t.Fatal(err)
+		}
+		if d := tg.Client.PTTL(ctx, "policy").Val(); d <= 2*time.Second-100*time.Millisecond || d > 2*time.Second {
+			t.Errorf("PTTL policy = %v, want the policy's 2s", d)
+		}
+		if err := c.Delete(ctx, "a", "b", "absent", "{x}1"); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"a", "b"} {
+			if _, err := c.Get(ctx, k); !errors.Is(err, packcache.ErrMiss) {
+				t.Errorf("after Delete, Get %s: %v", k, err)
+			}
+		}
+	})
+}
+
+func TestGetManySetMany(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		c := mustNew[Channel](t, tg.Client, packcache.WithCompressAbove(100))
+		items := map[string]Channel{}
+		var keys []string
+		for i := range 300 { // spread over every slot range of the cluster
+			k := fmt.Sprintf("many:%d", i)
+			if i%50 == 0 {
+				k = fmt.Sprintf("{tag}:%d", i) // hash tags work too
+			}
+			items[k] = makeChannel(uint64(i), 200+i*10)
+			keys = append(keys, k)
+		}
+		if err := c.SetMany(ctx, items); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.GetMany(ctx, append(keys, "many:absent"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(items) {
+			t.Fatalf("GetMany found %d of %d", len(got), len(items))
+		}
+		for k, v := range items {
+			if !reflect.DeepEqual(got[k], v) {
+				t.Fatalf("GetMany %s differs", k)
+			}
+		}
+		// One bad value does not hide the others, and its error names it.
+		tg.Client.Set(ctx, "many:7", []byte{0x05, 1, 2, 3}, 0)
+		got, err = c.GetMany(ctx, keys)
+		if len(got) != len(items)-1 || !errors.Is(err, packcache.ErrUnknownHeader) || !strings.Contains(err.Error(), `"many:7"`) {
+			t.Fatalf("GetMany with one bad value: %d values, err %v", len(got), err)
+		}
+		if err := c.Delete(ctx, keys...); err != nil {
+			t.Fatal(err)
+		}
+		got, err = c.GetMany(ctx, keys)
+		if err != nil || len(got) != 0 {
+			t.Fatalf("after Delete: %d values, %v", len(got), err)
+		}
+	})
+}
+
+func TestSetDuringGetIsSeen(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb)
+	for i := range 50 {
+		want := Channel{ID: fmt.Sprint(i)}
+		if err := c.Set(ctx, "k", want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Get(ctx, "k")
+		if err != nil || got.ID != want.ID {
+			t.Fatalf("after Set %d, Get = %v, %v", i, got.ID, err)
+		}
+	}
+}
+
+// TestMemoryUsage checks what Redis itself accounts for a compressed
+// value, which is what fills its memory: MEMORY USAGE, not STRLEN.
+func TestMemoryUsage(t *testing.T) {
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "MEMORY USAGE (miniredis does not implement it)")
+	ctx := ctxT(t)
+	doc := makeChannel(3, 128<<10)
+	plain := mustNew[Channel](t, rdb, packcache.WithCodec(codec.None))
+	packed := mustNew[Channel](t, rdb)
+	plain.Set(ctx, "plain", doc)
+	packed.Set(ctx, "packed", doc)
+	p := rdb.MemoryUsage(ctx, "plain").Val()
+	z := rdb.MemoryUsage(ctx, "packed").Val()
+	if p < 96<<10 || z*2 > p {
+		t.Fatalf("MEMORY USAGE plain %d, zstd %d: want zstd under half", p, z)
+	}
+	t.Logf("128 KiB channel: MEMORY USAGE plain %d B, zstd %d B (%.2f)", p, z, float64(z)/float64(p))
+}
