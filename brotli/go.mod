@@ -1,0 +1,23 @@
+module github.com/packcache/packcache/brotli
+
+go 1.26.0
+
+require (
+	github.com/andybalholm/brotli v1.3.0
+	github.com/packcache/packcache v0.2.0
+	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/goccy/go-json v0.12.0 // indirect
+	github.com/golang/snappy v1.0.0 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/maypok86/otter/v2 v2.4.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/yuin/gopher-lua v1.1.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

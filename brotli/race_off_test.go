@@ -1,0 +1,5 @@
+//go:build !race
+
+package brotli_test
+
+const raceEnabled = false
