@@ -71,7 +71,7 @@ func TestCacheRoundTrip(t *testing.T) {
 		t.Fatalf("large value in Redis begins 0x%02x, want 0x%02x", raw[0], brotli.DefaultHeader)
 	}
 	t.Logf("%d bytes of JSON stored as %d", len(large), len(raw))
-	got, err := codec.DecodeValue(nil, raw, packcache.DefaultMaxValueSize)
+	got, err := codec.DecodeValue(nil, raw, (64 << 20))
 	if err != nil || !bytes.Equal(got, large) {
 		t.Fatalf("DecodeValue of the stored value: %d bytes, %v", len(got), err)
 	}

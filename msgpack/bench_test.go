@@ -69,7 +69,7 @@ func BenchmarkChannel(b *testing.B) {
 	for _, s := range []struct {
 		name string
 		s    packcache.Serializer
-	}{{"json", packcache.JSON}, {"stdjson", packcache.StdJSON}, {"msgpack", msgpack.Serializer}} {
+	}{{"json", packcache.JSON}, {"stdjson", stdJSON{}}, {"msgpack", msgpack.Serializer}} {
 		data, err := s.s.Marshal(nil, &ch)
 		if err != nil {
 			b.Fatal(err)

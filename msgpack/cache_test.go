@@ -45,7 +45,7 @@ func rawGet(t *testing.T, rdb redis.UniversalClient, key string) []byte {
 // stored with Zstandard.
 func docs(t *testing.T) map[string]Doc {
 	small, large := makeDoc(1, 2), makeDoc(2, 2000)
-	if n := len(mustMarshal(t, &small)); n > packcache.DefaultCompressAbove {
+	if n := len(mustMarshal(t, &small)); n > (1024) {
 		t.Fatalf("small doc is %d bytes", n)
 	}
 	if n := len(mustMarshal(t, &large)); n < 64<<10 {
@@ -77,7 +77,7 @@ func TestCacheRoundTrip(t *testing.T) {
 		if raw[0] != wantHeader[key] {
 			t.Errorf("%s: stored value begins 0x%02x, want 0x%02x", key, raw[0], wantHeader[key])
 		}
-		payload, err := codec.DecodeValue(nil, raw, packcache.DefaultMaxValueSize)
+		payload, err := codec.DecodeValue(nil, raw, (64 << 20))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestJSONReaderMeetsMsgpack(t *testing.T) {
 	w := newCache[Doc](t, rdb, packcache.WithSerializer(msgpack.Serializer))
 	readers := map[string]*packcache.Cache[Doc]{
 		"JSON":    newCache[Doc](t, rdb),
-		"StdJSON": newCache[Doc](t, rdb, packcache.WithSerializer(packcache.StdJSON)),
+		"StdJSON": newCache[Doc](t, rdb, packcache.WithSerializer(stdJSON{})),
 	}
 	anyReader := newCache[any](t, rdb)
 	for key, d := range docs(t) {

@@ -193,7 +193,7 @@ func TestWhyTheMarker(t *testing.T) {
 		t.Fatalf("bare MessagePack 49 as JSON: %d, %v; expected the accident, 1", n, err)
 	}
 	marked := mustMarshal(t, 49)
-	for _, s := range []packcache.Serializer{packcache.JSON, packcache.StdJSON} {
+	for _, s := range []packcache.Serializer{packcache.JSON, stdJSON{}} {
 		if err := s.Unmarshal(marked, &n); err == nil {
 			t.Errorf("JSON serializer read the marked value as %d", n)
 		}
