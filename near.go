@@ -107,10 +107,11 @@ func (lc *LocalCache) check() error {
 // WithShareWindow says.
 func WithLocalCache(lc LocalCache) Option {
 	return func(cfg *config) error {
-		if err := lc.check(); err != nil {
+		l := lc // not lc itself: an Option may be applied twice
+		if err := l.check(); err != nil {
 			return fmt.Errorf("WithLocalCache: %w", err)
 		}
-		cfg.base.Local = lc
+		cfg.base.Local = l
 		return nil
 	}
 }

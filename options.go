@@ -215,11 +215,12 @@ func WithMaxValueSize(n int) Option {
 	return func(cfg *config) error {
 		switch {
 		case n == 0:
-			n = defaultMaxValueSize
+			cfg.maxValueSize = defaultMaxValueSize
 		case n < 0:
 			return fmt.Errorf("WithMaxValueSize: %d is negative", n)
+		default:
+			cfg.maxValueSize = n
 		}
-		cfg.maxValueSize = n
 		return nil
 	}
 }
@@ -258,11 +259,12 @@ func WithLoadTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
 		switch {
 		case d == 0:
-			d = defaultLoadTimeout
+			cfg.loadTimeout = defaultLoadTimeout
 		case d < 0:
 			return fmt.Errorf("WithLoadTimeout: %v is negative", d)
+		default:
+			cfg.loadTimeout = d
 		}
-		cfg.loadTimeout = d
 		return nil
 	}
 }
@@ -281,11 +283,12 @@ func WithRedisTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
 		switch {
 		case d == 0:
-			d = defaultRedisTimeout
+			cfg.redisTimeout = defaultRedisTimeout
 		case d < 0:
 			return fmt.Errorf("WithRedisTimeout: %v is negative", d)
+		default:
+			cfg.redisTimeout = d
 		}
-		cfg.redisTimeout = d
 		return nil
 	}
 }
@@ -314,13 +317,14 @@ func WithShareWindow(d time.Duration) Option {
 	return func(cfg *config) error {
 		switch {
 		case d == 0:
-			d = defaultShareWindow
+			cfg.shareWindow = defaultShareWindow
 		case d == Off:
-			d = 0
+			cfg.shareWindow = 0
 		case d < 0:
 			return fmt.Errorf("WithShareWindow: %v is neither a duration nor Off", d)
+		default:
+			cfg.shareWindow = d
 		}
-		cfg.shareWindow = d
 		return nil
 	}
 }
@@ -362,11 +366,12 @@ func WithLock(wait time.Duration) Option {
 	return func(cfg *config) error {
 		switch {
 		case wait == 0 || wait == Off:
-			wait = 0
+			cfg.lockWait = 0
 		case wait < time.Millisecond:
 			return fmt.Errorf("WithLock: wait %v is under a millisecond", wait)
+		default:
+			cfg.lockWait = wait
 		}
-		cfg.lockWait = wait
 		return nil
 	}
 }
@@ -384,22 +389,23 @@ func WithLock(wait time.Duration) Option {
 // breaker at once, whatever the count.
 func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 	return func(cfg *config) error {
+		b := breakerConfig{failures, cooldown} // not the arguments: an Option may be applied twice
 		switch {
 		case failures == Off:
 			cfg.breaker = breakerConfig{}
 			return nil
 		case failures == 0:
-			failures = defaultBreaker.failures
+			b.failures = defaultBreaker.failures
 		case failures < 0:
 			return fmt.Errorf("WithCircuitBreaker: failures %d is neither a count nor Off", failures)
 		}
 		switch {
 		case cooldown == 0:
-			cooldown = defaultBreaker.cooldown
+			b.cooldown = defaultBreaker.cooldown
 		case cooldown < 0:
 			return fmt.Errorf("WithCircuitBreaker: cooldown %v is negative", cooldown)
 		}
-		cfg.breaker = breakerConfig{failures, cooldown}
+		cfg.breaker = b
 		return nil
 	}
 }

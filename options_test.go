@@ -245,3 +245,30 @@ func TestZeroMeansDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestOptionsReusable: one set of Options given to two caches means the
+// same to both. (An option that rewrote its own argument, Off into zero,
+// made the second cache read WithShareWindow(Off) as the default window:
+// packbench's hit-path rows were shared reads.)
+func TestOptionsReusable(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	opts := []packcache.Option{packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(0, 0),
+		packcache.WithRedisTimeout(0), packcache.WithLoadTimeout(0), packcache.WithMaxValueSize(0), packcache.WithLock(0),
+		packcache.WithLocalCache(packcache.LocalCache{MaxBytes: packcache.Off})}
+	for i := range 3 {
+		c := mustNew[Channel](t, rdb, opts...)
+		key := fmt.Sprintf("reuse:%d", i)
+		if err := c.Set(ctx, key, Channel{ID: key}); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if _, err := c.Get(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := c.Stats().CoalescedWaits; n != 0 {
+			t.Fatalf("cache %d of the same options: %d sequential Gets shared a read, with WithShareWindow(Off)", i, n)
+		}
+	}
+}
