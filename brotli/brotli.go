@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"sync"
 
 	brotlilib "github.com/andybalholm/brotli"
@@ -172,9 +171,9 @@ func (*Codec) Decode(dst, src []byte, limit int) (out []byte, err error) {
 	_ = d.r.Reset(&d.src) // never fails
 	// A hint, not a claim: Brotli records no size. JSON compresses about 5
 	// to 15 times.
-	out, err = readLimited(dst, d.r, limit, 8*len(src))
+	out, err = codec.ReadLimited(dst, d.r, limit, 8*len(src))
 	if err != nil {
-		if err == errOverLimit {
+		if errors.Is(err, codec.ErrTooLarge) {
 			return out, fmt.Errorf("codec brotli: %w: stream decodes to more than %d bytes", codec.ErrTooLarge, limit)
 		}
 		if err == io.ErrUnexpectedEOF || err == io.EOF {
@@ -226,59 +225,6 @@ func shrinkWindow(b byte, limit int) (byte, int) {
 
 func corruptf(format string, args ...any) error {
 	return fmt.Errorf("codec brotli: %w: %s", codec.ErrCorrupt, fmt.Sprintf(format, args...))
-}
-
-// errOverLimit is what readLimited reports when the stream holds more than
-// the limit.
-var errOverLimit = errors.New("over limit")
-
-// readLimited appends the rest of r to dst, reading at most limit bytes. It
-// grows dst geometrically from sizeHint rather than trusting any size the
-// stream claims, so the memory it takes follows what was actually decoded:
-// under twice that, and under twice limit in all. On error it returns dst
-// as it was. It is the bounded read of packcache's codec package (codec
-// does not export it).
-func readLimited(dst []byte, r io.Reader, limit, sizeHint int) ([]byte, error) {
-	start := len(dst)
-	for {
-		n := len(dst) - start
-		if n == limit {
-			// One more byte tells a stream of exactly limit bytes from a
-			// longer one without buffering any of the excess.
-			var one [1]byte
-			k, err := io.ReadFull(r, one[:])
-			switch {
-			case k > 0:
-				return dst[:start], errOverLimit
-			case err == io.EOF:
-				return dst, nil
-			default:
-				return dst[:start], err
-			}
-		}
-		if len(dst) == cap(dst) {
-			// Double, but go straight to the limit when the step after
-			// this one would reach it anyway.
-			grow := max(sizeHint, n, 512)
-			if n+2*grow >= limit {
-				grow = limit - n
-			}
-			dst = slices.Grow(dst, grow)
-		}
-		// Not start+limit: limit may be math.MaxInt.
-		end := cap(dst)
-		if room := limit - n; end-len(dst) > room {
-			end = len(dst) + room
-		}
-		k, err := r.Read(dst[len(dst):end])
-		dst = dst[:len(dst)+k]
-		if err == io.EOF {
-			return dst, nil
-		}
-		if err != nil {
-			return dst[:start], err
-		}
-	}
 }
 
 // splitReader reads a, then b: the stream with its first byte rewritten,

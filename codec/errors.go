@@ -26,6 +26,21 @@ func tooLargef(name string, size uint64, limit int) error {
 // the limit; callers turn it into an ErrTooLarge naming their codec.
 var errOverLimit = errors.New("over limit")
 
+// ReadLimited appends the rest of r to dst, reading at most limit bytes:
+// the bounded read of a stream that does not record its decoded size, for
+// a user codec's Decode (the built-in ones use it). It grows dst from
+// sizeHint, never trusting a size the stream claims, so the memory it takes
+// follows what was decoded: under twice that, and under twice limit in
+// all. A stream that holds more than limit bytes is an error matching
+// ErrTooLarge; any other error is r's. On error it returns dst as it was.
+func ReadLimited(dst []byte, r io.Reader, limit, sizeHint int) ([]byte, error) {
+	out, err := readLimited(dst, r, limit, sizeHint)
+	if err == errOverLimit {
+		return out, fmt.Errorf("codec: %w: stream longer than %d bytes", ErrTooLarge, limit)
+	}
+	return out, err
+}
+
 // readLimited appends the rest of r to dst, reading at most limit bytes.
 // It grows dst geometrically from sizeHint rather than trusting any size the
 // stream claims, so the memory it takes follows what was actually decoded:
