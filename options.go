@@ -213,15 +213,9 @@ func WithSerializer(s Serializer) Option {
 // allocate more than about this much.
 func WithMaxValueSize(n int) Option {
 	return func(cfg *config) error {
-		switch {
-		case n == 0:
-			cfg.maxValueSize = defaultMaxValueSize
-		case n < 0:
-			return fmt.Errorf("WithMaxValueSize: %d is negative", n)
-		default:
-			cfg.maxValueSize = n
-		}
-		return nil
+		var err error
+		cfg.maxValueSize, err = orDefault("WithMaxValueSize", n, defaultMaxValueSize)
+		return err
 	}
 }
 
@@ -257,15 +251,9 @@ func WithPrefix(prefix string, p Policy) Option {
 // loader returns a value afterwards. Zero means the default, 30 s.
 func WithLoadTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
-		switch {
-		case d == 0:
-			cfg.loadTimeout = defaultLoadTimeout
-		case d < 0:
-			return fmt.Errorf("WithLoadTimeout: %v is negative", d)
-		default:
-			cfg.loadTimeout = d
-		}
-		return nil
+		var err error
+		cfg.loadTimeout, err = orDefault("WithLoadTimeout", d, defaultLoadTimeout)
+		return err
 	}
 }
 
@@ -281,15 +269,9 @@ func WithLoadTimeout(d time.Duration) Option {
 // is false.
 func WithRedisTimeout(d time.Duration) Option {
 	return func(cfg *config) error {
-		switch {
-		case d == 0:
-			cfg.redisTimeout = defaultRedisTimeout
-		case d < 0:
-			return fmt.Errorf("WithRedisTimeout: %v is negative", d)
-		default:
-			cfg.redisTimeout = d
-		}
-		return nil
+		var err error
+		cfg.redisTimeout, err = orDefault("WithRedisTimeout", d, defaultRedisTimeout)
+		return err
 	}
 }
 
@@ -408,6 +390,18 @@ func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 		cfg.breaker = b
 		return nil
 	}
+}
+
+// orDefault is the one zero rule for a setting that cannot be turned off:
+// zero is def, a negative value an error naming the option.
+func orDefault[N int | time.Duration](what string, v, def N) (N, error) {
+	switch {
+	case v == 0:
+		return def, nil
+	case v < 0:
+		return 0, fmt.Errorf("%s: %v is negative", what, v)
+	}
+	return v, nil
 }
 
 func checkTTL(what string, d time.Duration) error {
