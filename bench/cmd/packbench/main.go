@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/internal/chart"
 )
 
 type config struct {
@@ -76,14 +78,12 @@ type env struct {
 	net     *netSetup // -net: the shaped namespace Redis runs in
 
 	// collected for the chart
-	sizeRatios map[string][]point // codec -> (doc size, stored/plain)
-	getLat     map[string][]point // codec -> (doc size, Get ns)
+	sizeRatios map[string][]chart.Point // codec -> (doc size, stored/plain)
+	getLat     map[string][]chart.Point // codec -> (doc size, Get ns)
 
 	// collected for the targets table
 	peer peerResults
 }
-
-type point struct{ x, y float64 }
 
 func (e *env) fail(suite string, err error) {
 	waitIfInterrupted()
@@ -242,7 +242,7 @@ func main() {
 
 func run(cfg config) int {
 	ctx := context.Background()
-	e := &env{cfg: cfg, out: os.Stdout, sizeRatios: map[string][]point{}, getLat: map[string][]point{}}
+	e := &env{cfg: cfg, out: os.Stdout, sizeRatios: map[string][]chart.Point{}, getLat: map[string][]chart.Point{}}
 	e.command = "cd bench && go run ./cmd/packbench " + strings.Join(quoteArgs(os.Args[1:]), " ")
 
 	// Undo steps (our redis-server, -net's namespace and veth) go on atExit

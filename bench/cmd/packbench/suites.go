@@ -19,6 +19,7 @@ import (
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/chart"
 )
 
 type namedCodec struct {
@@ -104,7 +105,7 @@ func (e *env) suiteSizes(ctx context.Context) error {
 			// and these documents above that: one line of two kinds of
 			// document would zigzag where they overlap.
 			if nc != plainCodec && len(d.raw) > 2048 {
-				e.sizeRatios[nc.name] = append(e.sizeRatios[nc.name], point{float64(len(d.raw)), ratio})
+				e.sizeRatios[nc.name] = append(e.sizeRatios[nc.name], chart.Point{X: float64(len(d.raw)), Y: ratio})
 			}
 			if err := e.rdb.Del(ctx, k).Err(); err != nil {
 				return err
@@ -165,7 +166,7 @@ func (e *env) suiteThreshold(ctx context.Context) error {
 			ratio := sum / float64(len(r.docs))
 			ratios[ri] = append(ratios[ri], ratio)
 			fmt.Fprintf(e.out, " %.3f |", ratio)
-			e.sizeRatios[nc.name] = append(e.sizeRatios[nc.name], point{float64(r.size), ratio})
+			e.sizeRatios[nc.name] = append(e.sizeRatios[nc.name], chart.Point{X: float64(r.size), Y: ratio})
 		}
 		fmt.Fprintln(e.out)
 	}
@@ -317,7 +318,7 @@ func (e *env) suiteCost(ctx context.Context) error {
 			}
 			sg := spreadOf(get)
 			fmt.Fprintf(e.out, "| %s | %d | %s | typed | %d | %s | %s | %.0f | %.0f | %d |\n", in.name, len(in.raw), nc.name, n, spreadOf(set).us(), sg.us(), sa, ga, sl)
-			e.getLat[nc.name] = append(e.getLat[nc.name], point{float64(len(in.raw)), sg.med})
+			e.getLat[nc.name] = append(e.getLat[nc.name], chart.Point{X: float64(len(in.raw)), Y: sg.med})
 
 			rc, err := packcache.New[[]byte](e.rdb, opts...)
 			if err != nil {
