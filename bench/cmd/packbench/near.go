@@ -81,6 +81,20 @@ func nearSurgeSubject(e *env, name string, ch Channel, opts ...packcache.Option)
 	return s, nil
 }
 
+// surgePair makes the two packcache subjects of the warm surges that the
+// surge and near suites both judge (surgeTargets): packcache default, and
+// with the near cache. closeBoth closes them.
+func surgePair(e *env, ch Channel) (def, near *surgeSubject, closeBoth func(), err error) {
+	if def, err = packcacheSubject(e, nDef, ch); err != nil {
+		return nil, nil, nil, err
+	}
+	if near, err = nearSurgeSubject(e, nNear, ch); err != nil {
+		def.close()
+		return nil, nil, nil, err
+	}
+	return def, near, func() { def.close(); near.close() }, nil
+}
+
 // A getSubject is one way of reading a Channel, for throughput and for
 // the latency of another process's writes.
 type getSubject struct {
@@ -202,11 +216,10 @@ func (r rateSample) rate() float64 { return float64(r.ops) / r.took.Seconds() }
 
 // nearResults holds what the near suite measured, for its targets.
 type nearResults struct {
-	rate      map[string]map[int]spread // subject -> goroutines -> Gets/s
-	lat       map[string]*latResult
-	surge     map[string][]surgeResult // subject -> reps
-	surgeNear map[string][]uint64      // subject -> near hits per rep
-	maxLag    time.Duration
+	rate   map[string]map[int]spread // subject -> goroutines -> Gets/s
+	lat    map[string]*latResult
+	surge  map[string]surgeRow // subject -> its warm surges, worstRuns
+	maxLag time.Duration
 }
 
 func (e *env) suiteNear(ctx context.Context) error {
@@ -219,11 +232,9 @@ func (e *env) suiteNear(ctx context.Context) error {
 	ch := makeChannel(7, size)
 	raw, _ := json.Marshal(ch)
 	res := &nearResults{
-		rate:      map[string]map[int]spread{},
-		lat:       map[string]*latResult{},
-		surge:     map[string][]surgeResult{},
-		surgeNear: map[string][]uint64{},
-		maxLag:    (500 * time.Millisecond),
+		rate:   map[string]map[int]spread{},
+		lat:    map[string]*latResult{},
+		maxLag: (500 * time.Millisecond),
 	}
 	if nearLocal.MaxLag > 0 {
 		res.maxLag = nearLocal.MaxLag
@@ -584,16 +595,11 @@ func (e *env) nearLatency(ctx context.Context, ch Channel, res *nearResults) err
 // nearSurge runs warm surges with and without the near cache, and of
 // go-redis/cache's Once, reps times interleaved.
 func (e *env) nearSurge(ctx context.Context, ch Channel, res *nearResults) error {
-	def, err := packcacheSubject(e, nDef, ch)
+	def, near, closeBoth, err := surgePair(e, ch)
 	if err != nil {
 		return err
 	}
-	defer def.close()
-	near, err := nearSurgeSubject(e, nNear, ch)
-	if err != nil {
-		return err
-	}
-	defer near.close()
+	defer closeBoth()
 	gc := goCachePeer(e, nGCOnce, false, ch).surgeSubject(ch)
 	gcl := goCachePeer(e, nGCLOnce, true, ch).surgeSubject(ch)
 	subjects := []*surgeSubject{def, near, gc, gcl}
@@ -610,80 +616,31 @@ func (e *env) nearSurge(ctx context.Context, ch Channel, res *nearResults) error
 		subjects = append(subjects, s)
 	}
 	subjects = append(subjects, noopSubject())
-	reps := min(e.cfg.reps, 3)
-	for range reps {
-		for _, s := range subjects {
-			key := e.key("near", "surge", s.name)
-			if err := s.prepare(ctx, key, true); err != nil {
-				return fmt.Errorf("%s: %w", s.name, err)
-			}
-			s.loads.Store(0)
-			s.decodes.Store(0)
-			var h0 uint64
-			if s.nearHits != nil {
-				h0 = s.nearHits()
-			}
-			r, err := e.runSurge(ctx, e.cfg.surgeN, func() error { return s.get(ctx, key) })
-			if err != nil {
-				return err
-			}
-			r.loads, r.decodes = s.loads.Load(), s.decodes.Load()
-			if r.firstErr != nil {
-				e.errs = append(e.errs, fmt.Errorf("near surge %s: %d errors, first: %w", s.name, r.errs, r.firstErr))
-			}
-			res.surge[s.name] = append(res.surge[s.name], r)
-			if s.nearHits != nil {
-				res.surgeNear[s.name] = append(res.surgeNear[s.name], s.nearHits()-h0)
-			}
-			runtime.GC()
-		}
-	}
-	for _, s := range subjects {
-		if err := e.rdb.Del(ctx, e.key("near", "surge", s.name)).Err(); err != nil {
-			return err
-		}
+	if res.surge, err = e.surge(ctx, "near", subjects, "warm", worstRuns); err != nil {
+		return err
 	}
 
-	fmt.Fprintf(e.out, "\n### near: a surge on one warm key\n\n%d goroutines released at once on the warm key (stored; for the near cache and rueidis, also served by it before the release), each one Get (go-redis/cache: Once; rueidisaside: its Get with a loader), %d times, the subjects interleaved. Wall, p50, p99: median (min–max for wall) over the runs; Redis GETs, decodes, peak heap growth: the most in any run; near hits: the fewest; errors: all runs. A cold surge is the same with and without the near cache: a loaded value is stored, which is a write, and enters the near cache only when a Get reads it back.\n\n", e.cfg.surgeN, reps)
+	fmt.Fprintf(e.out, "\n### near: a surge on one warm key\n\n%d goroutines released at once on the warm key (stored; for the near cache and rueidis, also served by it before the release), each one Get (go-redis/cache: Once; rueidisaside: its Get with a loader), %d times, the subjects interleaved. Wall, p50, p99: median (min–max for wall) over the runs; Redis GETs, decodes, peak heap growth: the most in any run; near hits: the fewest; errors: all runs. A cold surge is the same with and without the near cache: a loaded value is stored, which is a write, and enters the near cache only when a Get reads it back.\n\n", e.cfg.surgeN, e.surgeReps())
 	fmt.Fprintln(e.out, "| subject | wall ms | p50 ms | p99 ms | Redis GETs | decodes | near hits | peak heap growth MiB | errors | go-redis/cache Once wall ÷ this |")
 	fmt.Fprintln(e.out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-	gcWall := surgeWall(res.surge[nGCOnce]).med
+	gcWall := res.surge[nGCOnce].wallMs.med
 	for _, s := range subjects {
-		rs := res.surge[s.name]
-		wall := surgeWall(rs)
-		var p50, p99 []float64
-		var gets, decodes, errs int64
-		var peak uint64
-		for _, r := range rs {
-			p50 = append(p50, ms(r.p50))
-			p99 = append(p99, ms(r.p99))
-			gets, decodes, peak = max(gets, r.gets), max(decodes, r.decodes), max(peak, r.peakHeap)
-			errs += r.errs
-		}
+		r := res.surge[s.name]
 		hits := "–"
-		if hs := res.surgeNear[s.name]; len(hs) > 0 {
-			hits = fmt.Sprint(slices.Min(hs))
+		if s.nearHits != nil {
+			hits = fmt.Sprint(r.nearHits)
 		}
-		fmt.Fprintf(e.out, "| %s | %.1f (%.1f–%.1f) | %.1f | %.1f | %d | %d | %s | %.1f | %d | %s |\n", s.name, wall.med, wall.min, wall.max,
-			spreadOf(p50).med, spreadOf(p99).med, gets, decodes, hits, float64(peak)/(1<<20), errs, fmtRatio(gcWall/wall.med))
+		fmt.Fprintf(e.out, "| %s | %.1f (%.1f–%.1f) | %.1f | %.1f | %d | %d | %s | %.1f | %d | %s |\n", s.name, r.wallMs.med, r.wallMs.min, r.wallMs.max,
+			ms(r.p50), ms(r.p99), r.gets, r.decodes, hits, float64(r.peakHeap)/(1<<20), r.errs, fmtRatio(gcWall/r.wallMs.med))
 	}
-	dw, nw := surgeWall(res.surge[nDef]).med, surgeWall(res.surge[nNear]).med
-	gclWall := surgeWall(res.surge[nGCLOnce]).med
+	dw, nw := res.surge[nDef].wallMs.med, res.surge[nNear].wallMs.med
+	gclWall := res.surge[nGCLOnce].wallMs.med
 	fmt.Fprintf(e.out, "\ngo-redis/cache Once took %s as long as packcache default and %s as long as packcache with the near cache; go-redis/cache + TinyLFU Once, %s and %s. The near cache's surge took %s of the default's.\n",
 		fmtRatio(gcWall/dw), fmtRatio(gcWall/nw), fmtRatio(gclWall/dw), fmtRatio(gclWall/nw), fmtRatio(nw/dw))
-	rw, aw := surgeWall(res.surge[nRueidis]).med, surgeWall(res.surge[nAside]).med
+	rw, aw := res.surge[nRueidis].wallMs.med, res.surge[nAside].wallMs.med
 	fmt.Fprintf(e.out, "%s took %s as long as packcache with the near cache, and %s %s.\n", nRueidis, fmtRatio(rw/nw), nAside, fmtRatio(aw/nw))
 	fmt.Fprintf(e.out, "\n%s a Get of %s or %s that its client-side cache answers (near hits) reads no Redis, as the near cache's do, but decodes the cached bytes (the decodes column), where the near cache hands every Get the one decoded value it keeps, shared: the walls compare a decode per Get with none.\n", notLikeForLike, nRueidis, nAside)
 	return nil
-}
-
-// surgeWall is the spread of rs's wall times, in ms.
-func surgeWall(rs []surgeResult) spread {
-	var xs []float64
-	for _, r := range rs {
-		xs = append(xs, ms(r.wall))
-	}
-	return spreadOf(xs)
 }
 
 // A target is a performance target and how a run did against it.
@@ -723,11 +680,8 @@ func surgeTargets(def, near, gc float64, nearGets, nearDecodes int64) []target {
 }
 
 func (e *env) nearTargets(res *nearResults) {
-	var gets, decodes int64
-	for _, r := range res.surge[nNear] {
-		gets, decodes = max(gets, r.gets), max(decodes, r.decodes)
-	}
-	ts := surgeTargets(surgeWall(res.surge[nDef]).med, surgeWall(res.surge[nNear]).med, surgeWall(res.surge[nGCOnce]).med, gets, decodes)
+	near := res.surge[nNear]
+	ts := surgeTargets(res.surge[nDef].wallMs.med, near.wallMs.med, res.surge[nGCOnce].wallMs.med, near.gets, near.decodes)
 	var parts []string
 	ok := true
 	for _, w := range []int{1, 16} {

@@ -40,7 +40,7 @@ type peerRow struct {
 type peerResults struct {
 	done  bool
 	rows  map[string]peerRow
-	surge map[string]surgeResult
+	surge map[string]surgeRow
 	size  int
 
 	rawSetAllocs  float64 // packcache.Cache[[]byte] Set, default options
@@ -292,7 +292,7 @@ func (e *env) suitePeers(ctx context.Context) error {
 		peers = append(peers, p)
 	}
 
-	res := peerResults{rows: map[string]peerRow{}, surge: map[string]surgeResult{}, size: len(raw)}
+	res := peerResults{rows: map[string]peerRow{}, surge: map[string]surgeRow{}, size: len(raw)}
 	e.header("peers", fmt.Sprintf("One %d-byte chat channel (Channel struct). (a) uses encoding/json; (b) uses packcache.JSON, packcache's default serializer (goccy/go-json at the time of writing), so it differs from packcache only in the cache machinery. Sequential Set then Get of one key: ns/op median (min–max) of %d runs of %d ops, the runs of all peers interleaved; allocs/op from runtime.MemStats.Mallocs (whole process, so go-redis's allocations count). "+
 		"packcache default keeps a finished read shared for 10 ms (WithShareWindow), so its sequential Gets of one key mostly skip Redis; the WithShareWindow(Off) row reads Redis and decodes on every Get (the hit path). go-redis/cache + TinyLFU answers Gets from its local cache but still decodes each time. "+
 		"(e) are rueidis %s: DoCache of GET with client-side caching (RESP3, CLIENT TRACKING ON OPTIN; client-side TTL %v), and rueidisaside's Get over the same (its Set is a SET through its rueidis client); both store exactly what packcache default stores (packcache.JSON, zstd behind packcache's header byte) and decode (zstd, packcache.JSON) every answer, as (b) does. Get ratio = packcache default / peer; hit-path ratio = packcache WithShareWindow(Off) / peer.",
@@ -342,7 +342,7 @@ func (e *env) suitePeers(ctx context.Context) error {
 		subjects = append(subjects, p.surgeSubject(ch))
 	}
 	subjects = append(subjects, noopSubject())
-	if err := e.surgeTable(ctx, subjects, res.surge); err != nil {
+	if err := e.surgeTable(ctx, "peers", subjects, res.surge); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.out, "\n%s a Get of the (e) peers that finds the value decodes it (rueidis: from the cached reply, shared by every Get), as (a)-(c) do; packcache shares one decoded value among the Gets of a share window: the decodes column counts the difference. Cold, (a), (b) and rueidis DoCache each load and SET, and decode nothing; rueidisaside's waiters decode what its one load stored.\n", notLikeForLike)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -602,6 +601,7 @@ type surgeResult struct {
 	decodes  int64
 	peakHeap uint64 // growth of heap objects bytes over the pre-surge level (after a GC), peak sampled during the surge
 	baseHeap uint64 // heap objects bytes before the surge
+	nearHits uint64 // Gets the subject's near cache answered, if it counts them
 	errs     int64
 	firstErr error
 }
@@ -753,52 +753,131 @@ func noopSubject() *surgeSubject {
 	}
 }
 
-func (e *env) surgeTable(ctx context.Context, subjects []*surgeSubject, out map[string]surgeResult) error {
-	n := e.cfg.surgeN
-	// A surge's wall time moves much from one run to the next on a shared
-	// machine (scheduling 20,000 goroutines is most of it): each subject
-	// runs several times, the runs of all subjects interleaved, and the
-	// median run is reported and judged.
-	reps := min(e.cfg.reps, 3)
-	fmt.Fprintf(e.out, "Each row is the median run (by wall time) of %d, the subjects' runs interleaved; wall min–max in brackets.\n\n", reps)
+// surgeReps is how many times a surge table runs each subject on each key.
+// A surge's wall time moves much from one run to the next on a shared
+// machine (scheduling 20,000 goroutines is most of it), so each subject
+// runs several times, the runs of all subjects interleaved, and a
+// statistic of the runs is reported and judged.
+func (e *env) surgeReps() int { return min(e.cfg.reps, 3) }
+
+// A surgeStat is how a table reduces a subject's runs on one key to its
+// row.
+type surgeStat int
+
+const (
+	// medianRun reports the run of median wall time, every column from
+	// that run.
+	medianRun surgeStat = iota
+	// worstRuns reports the median wall, p50 and p99 over the runs, and of
+	// the counts the worst of any run: the most Redis commands, loader
+	// calls, decodes and heap growth, the fewest near hits.
+	worstRuns
+)
+
+// A surgeRow is what a surge table reports of a subject's runs on one
+// key: the statistic's surgeResult, whose errors are those of all runs,
+// and the spread of the runs' wall times in ms.
+type surgeRow struct {
+	surgeResult
+	wallMs spread
+}
+
+// reduce makes the row of runs rs (at least one) by statistic st.
+func (st surgeStat) reduce(rs []surgeResult) surgeRow {
+	byWall := slices.SortedFunc(slices.Values(rs), func(a, b surgeResult) int { return cmp.Compare(a.wall, b.wall) })
+	row := surgeRow{surgeResult: byWall[len(byWall)/2]}
+	row.wallMs = spread{med: ms(row.wall), min: ms(byWall[0].wall), max: ms(byWall[len(byWall)-1].wall)}
+	row.errs, row.firstErr = 0, nil
+	for _, r := range rs {
+		row.errs += r.errs
+		if row.firstErr == nil {
+			row.firstErr = r.firstErr
+		}
+	}
+	if st == medianRun {
+		return row
+	}
+	var p50, p99 []time.Duration
+	for _, r := range rs {
+		p50, p99 = append(p50, r.p50), append(p99, r.p99)
+		row.gets, row.sets, row.loads = max(row.gets, r.gets), max(row.sets, r.sets), max(row.loads, r.loads)
+		row.decodes, row.peakHeap = max(row.decodes, r.decodes), max(row.peakHeap, r.peakHeap)
+		row.nearHits = min(row.nearHits, r.nearHits)
+	}
+	slices.Sort(p50)
+	slices.Sort(p99)
+	row.p50, row.p99 = p50[len(p50)/2], p99[len(p99)/2]
+	return row
+}
+
+// surge is the surge runner of every suite. Each of e.surgeReps() times,
+// every subject in turn prepares its key of suite's, "warm" (stored, and
+// for a near cache served by it) or "cold" (absent), and has e.cfg.surgeN
+// goroutines Get it at once. It returns each subject's runs reduced by
+// st, by subject name, and records a subject's errors, in any run, in
+// e.errs.
+func (e *env) surge(ctx context.Context, suite string, subjects []*surgeSubject, kind string, st surgeStat) (map[string]surgeRow, error) {
+	warm := kind == "warm"
+	key := func(s *surgeSubject) string { return e.key(suite, "surge", s.name, kind) }
+	runs := make(map[*surgeSubject][]surgeResult, len(subjects))
+	for range e.surgeReps() {
+		for _, s := range subjects {
+			if err := s.prepare(ctx, key(s), warm); err != nil {
+				return nil, fmt.Errorf("%s: %w", s.name, err)
+			}
+			s.loads.Store(0)
+			s.decodes.Store(0)
+			var h0 uint64
+			if s.nearHits != nil {
+				h0 = s.nearHits()
+			}
+			r, err := e.runSurge(ctx, e.cfg.surgeN, func() error { return s.get(ctx, key(s)) })
+			if err != nil {
+				return nil, err
+			}
+			r.loads, r.decodes = s.loads.Load(), s.decodes.Load()
+			if s.nearHits != nil {
+				r.nearHits = s.nearHits() - h0
+			}
+			runs[s] = append(runs[s], r)
+			runtime.GC()
+		}
+	}
+	rows := make(map[string]surgeRow, len(subjects))
+	for _, s := range subjects {
+		if err := e.rdb.Del(ctx, key(s)).Err(); err != nil {
+			return nil, err
+		}
+		row := st.reduce(runs[s])
+		if row.firstErr != nil {
+			e.errs = append(e.errs, fmt.Errorf("%s: surge of %s, %s: %d errors, first: %w", suite, s.name, kind, row.errs, row.firstErr))
+		}
+		rows[s.name] = row
+	}
+	return rows, nil
+}
+
+// surgeTable prints the surges of subjects on a warm key and on a cold
+// one, each row the median run, and puts the rows in out by subject
+// name + "/warm" or "/cold".
+func (e *env) surgeTable(ctx context.Context, suite string, subjects []*surgeSubject, out map[string]surgeRow) error {
+	fmt.Fprintf(e.out, "Each row is the median run (by wall time) of %d, the subjects' runs interleaved; wall min–max in brackets; errors: all runs.\n\n", e.surgeReps())
 	fmt.Fprintln(e.out, "| subject | key | wall ms | p50 ms | p99 ms | Redis GETs | Redis SETs | loader calls | decodes | heap before MiB | peak heap growth MiB | errors |")
 	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-	for _, warm := range []bool{true, false} {
-		kind := "cold"
-		if warm {
-			kind = "warm"
-		}
-		runs := make(map[*surgeSubject][]surgeResult, len(subjects))
-		for range reps {
-			for _, s := range subjects {
-				key := e.key("surge", s.name, kind)
-				if err := s.prepare(ctx, key, warm); err != nil {
-					return fmt.Errorf("%s: %w", s.name, err)
-				}
-				s.loads.Store(0)
-				s.decodes.Store(0)
-				r, err := e.runSurge(ctx, n, func() error { return s.get(ctx, key) })
-				if err != nil {
-					return err
-				}
-				r.loads, r.decodes = s.loads.Load(), s.decodes.Load()
-				runs[s] = append(runs[s], r)
-				e.rdb.Del(ctx, key)
-				runtime.GC()
-			}
+	for _, kind := range []string{"warm", "cold"} {
+		rows, err := e.surge(ctx, suite, subjects, kind, medianRun)
+		if err != nil {
+			return err
 		}
 		for _, s := range subjects {
-			rs := runs[s]
-			slices.SortFunc(rs, func(a, b surgeResult) int { return cmp.Compare(a.wall, b.wall) })
-			r := rs[len(rs)/2]
+			r := rows[s.name]
 			out[s.name+"/"+kind] = r
 			errCol := fmt.Sprint(r.errs)
 			if r.firstErr != nil {
 				errCol += " (" + r.firstErr.Error() + ")"
-				e.errs = append(e.errs, fmt.Errorf("surge %s %s: %d errors, first: %w", s.name, kind, r.errs, r.firstErr))
 			}
 			fmt.Fprintf(e.out, "| %s | %s | %.1f (%.1f–%.1f) | %.1f | %.1f | %d | %d | %d | %d | %.1f | %.1f | %s |\n", s.name, kind,
-				ms(r.wall), ms(rs[0].wall), ms(rs[len(rs)-1].wall), ms(r.p50), ms(r.p99), r.gets, r.sets, r.loads, r.decodes, float64(r.baseHeap)/(1<<20), float64(r.peakHeap)/(1<<20), errCol)
+				r.wallMs.med, r.wallMs.min, r.wallMs.max, ms(r.p50), ms(r.p99), r.gets, r.sets, r.loads, r.decodes, float64(r.baseHeap)/(1<<20), float64(r.peakHeap)/(1<<20), errCol)
 		}
 	}
 	return nil
@@ -810,11 +889,11 @@ func (e *env) suiteSurge(ctx context.Context) error {
 	size := 128 << 10
 	ch := makeChannel(7, size)
 	raw, _ := json.Marshal(ch)
-	def, err := packcacheSubject(e, "packcache default", ch)
+	def, near, closeBoth, err := surgePair(e, ch)
 	if err != nil {
 		return err
 	}
-	defer def.close()
+	defer closeBoth()
 	// 20,000 uncoalesced reads of 128 KB wait seconds for the 64 pooled
 	// connections: a budget long enough for that, so that the row measures
 	// what coalescing saves rather than the breaker shedding load.
@@ -823,11 +902,6 @@ func (e *env) suiteSurge(ctx context.Context) error {
 		return err
 	}
 	defer noco.close()
-	near, err := nearSurgeSubject(e, nNear, ch)
-	if err != nil {
-		return err
-	}
-	defer near.close()
 	gc := goCachePeer(e, nGCOnce, false, ch).surgeSubject(ch)
 	note := "exact: own server"
 	if !e.own {
@@ -836,8 +910,8 @@ func (e *env) suiteSurge(ctx context.Context) error {
 	e.header("surge", fmt.Sprintf("%d goroutines released at once on one warm key (a %d-byte channel, packcache.Cache[Channel]) and on one cold key (loader sleeps %v). GETs/SETs: INFO commandstats delta (%s). Decodes: a counting JSON serializer. Peak heap growth: runtime/metrics /memory/classes/heap/objects:bytes (≈ HeapAlloc) sampled every 200 µs, minus its level after a GC just before the release (the process's own live data, such as zstd encoder tables of earlier suites, is the \"heap before\" column). "+
 		"%s is WithLocalCache(LocalCache{MaxBytes: %d << 20, TTL: %v}); warm, the near cache has served the key before the release; cold, it cannot help (a loaded value is stored, a write, and enters the near cache only when a Get reads it back). %s is go-redis/cache v9 (msgpack+s2) without a local cache.",
 		e.cfg.surgeN, len(raw), loaderDelay, note, nNear, nearLocal.MaxBytes>>20, nearLocal.TTL, nGCOnce))
-	out := map[string]surgeResult{}
-	if err := e.surgeTable(ctx, []*surgeSubject{def, near, noco, gc, noopSubject()}, out); err != nil {
+	out := map[string]surgeRow{}
+	if err := e.surgeTable(ctx, "surge", []*surgeSubject{def, near, noco, gc, noopSubject()}, out); err != nil {
 		return err
 	}
 	d, n, g := out[nDef+"/warm"], out[nNear+"/warm"], out[nGCOnce+"/warm"]
@@ -847,5 +921,3 @@ func (e *env) suiteSurge(ctx context.Context) error {
 	e.printTargets("surge: targets", surgeTargets(ms(d.wall), ms(n.wall), ms(g.wall), n.gets, n.decodes))
 	return nil
 }
-
-var _ = math.Inf
