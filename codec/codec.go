@@ -35,17 +35,19 @@ type Codec interface {
 	// limit bytes: a payload that would decode to more returns an error
 	// matching ErrTooLarge, found before allocating for it wherever the
 	// format declares its size. A payload that is not valid returns an error
-	// matching ErrCorrupt.
+	// matching ErrCorrupt; one that needs a dictionary the codec does not
+	// have, an error matching ErrUnknownDictionary.
 	Decode(dst, src []byte, limit int) ([]byte, error)
 }
 
 // Header bytes of the built-in formats. See FORMAT.md.
 const (
-	HeaderNone   byte = 0x01 // payload stored uncompressed
-	HeaderLZ4    byte = 0x02 // LZ4 block preceded by its size, 4 bytes little-endian
-	HeaderSnappy byte = 0x03 // Snappy block
-	HeaderZstd   byte = 0x04 // one Zstandard frame recording its content size
-	HeaderGzip   byte = 0x1f // a gzip stream (read only; the byte is the stream's own first byte)
+	HeaderNone     byte = 0x01 // payload stored uncompressed
+	HeaderLZ4      byte = 0x02 // LZ4 block preceded by its size, 4 bytes little-endian
+	HeaderSnappy   byte = 0x03 // Snappy block
+	HeaderZstd     byte = 0x04 // one Zstandard frame recording its content size
+	HeaderZstdDict byte = 0x05 // one Zstandard frame recording its content size and naming its dictionary
+	HeaderGzip     byte = 0x1f // a gzip stream (read only; the byte is the stream's own first byte)
 
 	// HeaderTombstone, as a whole value of one byte, records that the
 	// source of truth has no value for the key (a remembered ErrNotFound).

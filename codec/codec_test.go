@@ -125,7 +125,7 @@ func randomBytes(n int, seed uint64) []byte {
 // isSentinel reports whether err matches one of the errors DecodeValue
 // documents.
 func isSentinel(err error) bool {
-	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrTooLarge) || errors.Is(err, ErrUnknownHeader)
+	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrTooLarge) || errors.Is(err, ErrUnknownHeader) || errors.Is(err, ErrUnknownDictionary)
 }
 
 // allocated returns how many bytes f allocated on the heap.

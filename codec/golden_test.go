@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,39 +30,59 @@ const goldenDir = "testdata/golden"
 // goldenFiles maps each file to its SHA-256. The .json files are the
 // decoded contents the .bin files must decode to.
 var goldenFiles = map[string]string{
-	"doc.gzip.bin":        "f829bf6847f708ffe4ac6dbb5a1a16b7a5f68e7691522feff45aeec4eb05e32a",
-	"doc.json":            "4e90808aa8a911866dbff8142e40c01689d5c48e1445bc997264c0462c246f07",
-	"doc.lz4.bin":         "8e6294aec56ce9e866333342250dba6dbdf0d9dda68ee6b7f973e6166b9b8825",
-	"doc.lz4hc.bin":       "4243e8de653d8ecc5e411694c6185039e1a275b3919e37a15292fafd4d5f6565",
-	"doc.none.bin":        "58e139c10fb8b5b4902d1b6e2f0052026cc22604c2bde96c8322c697ff241b4b",
-	"doc.plain-bom.bin":   "b2659e6fffad3db9e75b75808dc2df21819e0df078610517ab2964355e5b0241",
-	"doc.plain-ws.bin":    "99dab8418b804061850a12189e4e0cbf35ddd4288740eecdbc4952c73b0be367",
-	"doc.plain.bin":       "4e90808aa8a911866dbff8142e40c01689d5c48e1445bc997264c0462c246f07",
-	"doc.snappy.bin":      "514c89cb1ac70ec0046f47957a026ac1c576cf822b767f32c4e573a0ca500ca1",
-	"doc.zstd-best.bin":   "4dda4d7c81e9db3ef2cede6d45290a23af6d5b895232204b6b1646874bec6b41",
-	"doc.zstd.bin":        "f9b126d904c3e0ad2e4190413ffac60a7056e813214a2f1578182ad77678e283",
-	"empty.json":          "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-	"empty.lz4.bin":       "c05d231da83665dd60560fc424059d66b433774afcff4d3b053b407f057d54ba",
-	"empty.none.bin":      "4bf5122f344554c53bde2ebb8cd2b7e3d1600ad631c385a5d7cce23c7785459a",
-	"empty.snappy.bin":    "9b4fb24edd6d1d8830e272398263cdbf026b97392cc35387b991dc0248a628f9",
-	"empty.zstd.bin":      "a63d54c618c2ba92ed221a6cd589e82083e10789841fffaa8070a117d9b5f13c",
-	"small.gzip.bin":      "61987bcf5cf646b2a4d8fb2d84ee6f3150953416cc97cf10f9d81ef7c848848e",
-	"small.json":          "b166045dd5a66219387bca0fc7d503cbc8fce88a9830f2ef85a7dfb65cc1c222",
-	"small.lz4.bin":       "7bfcb1d0ce225939772bd20b15568ea1e44c4b7130e7664083699b8606fab0c2",
-	"small.lz4hc.bin":     "4fcb65588a9622123b8fccd4431fb012344389155014a961a3e9bfb7172689e6",
-	"small.none.bin":      "abf22582d22af3547b8d04e5251669945b03ec42f286448f58e6fb596b9f275d",
-	"small.plain-bom.bin": "8127be6856ca5a43f81a7db98eacc207e942e5a80261934aab9724e6a627a525",
-	"small.plain-ws.bin":  "754a5bbcd273fd515d7179b92ee7f1e7b0c2320ce68b17e1b4bddc82ef81e16c",
-	"small.plain.bin":     "b166045dd5a66219387bca0fc7d503cbc8fce88a9830f2ef85a7dfb65cc1c222",
-	"small.snappy.bin":    "e6654f75031d3420e8c2cce64c16ea9787f90d45cf36b0a38653e54749b248f0",
-	"small.zstd-best.bin": "3ccc99b671281777ea98d65c23b49de0e05db787c565e1d4718861c98a218b06",
-	"small.zstd.bin":      "3ccc99b671281777ea98d65c23b49de0e05db787c565e1d4718861c98a218b06",
+	"doc.gzip.bin":         "f829bf6847f708ffe4ac6dbb5a1a16b7a5f68e7691522feff45aeec4eb05e32a",
+	"doc.json":             "4e90808aa8a911866dbff8142e40c01689d5c48e1445bc997264c0462c246f07",
+	"doc.lz4.bin":          "8e6294aec56ce9e866333342250dba6dbdf0d9dda68ee6b7f973e6166b9b8825",
+	"doc.lz4hc.bin":        "4243e8de653d8ecc5e411694c6185039e1a275b3919e37a15292fafd4d5f6565",
+	"doc.none.bin":         "58e139c10fb8b5b4902d1b6e2f0052026cc22604c2bde96c8322c697ff241b4b",
+	"doc.plain-bom.bin":    "b2659e6fffad3db9e75b75808dc2df21819e0df078610517ab2964355e5b0241",
+	"doc.plain-ws.bin":     "99dab8418b804061850a12189e4e0cbf35ddd4288740eecdbc4952c73b0be367",
+	"doc.plain.bin":        "4e90808aa8a911866dbff8142e40c01689d5c48e1445bc997264c0462c246f07",
+	"doc.snappy.bin":       "514c89cb1ac70ec0046f47957a026ac1c576cf822b767f32c4e573a0ca500ca1",
+	"doc.zstd-best.bin":    "4dda4d7c81e9db3ef2cede6d45290a23af6d5b895232204b6b1646874bec6b41",
+	"doc.zstd-dict.bin":    "d5153fd915b391eba948ac8fc5a67fedf7fcd81467c48538fb84907e5dd2c251",
+	"doc.zstd.bin":         "f9b126d904c3e0ad2e4190413ffac60a7056e813214a2f1578182ad77678e283",
+	"empty.json":           "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+	"empty.lz4.bin":        "c05d231da83665dd60560fc424059d66b433774afcff4d3b053b407f057d54ba",
+	"empty.none.bin":       "4bf5122f344554c53bde2ebb8cd2b7e3d1600ad631c385a5d7cce23c7785459a",
+	"empty.snappy.bin":     "9b4fb24edd6d1d8830e272398263cdbf026b97392cc35387b991dc0248a628f9",
+	"empty.zstd-dict.bin":  "df3c7c527217fcaaddce9306bf7a26a6db007604b9f442daf0167a600b2d890b",
+	"empty.zstd.bin":       "a63d54c618c2ba92ed221a6cd589e82083e10789841fffaa8070a117d9b5f13c",
+	"record.json":          "70ad64ecf5a24febda27b00935a0fa63d96b1cc495064ec611e66e7d8f57a1f9",
+	"record.zstd-dict.bin": "c1ad300e6c5b11fb2b7f8b1e0f82122c92e400b4379968237403f4ebdf081cfd",
+	"small.gzip.bin":       "61987bcf5cf646b2a4d8fb2d84ee6f3150953416cc97cf10f9d81ef7c848848e",
+	"small.json":           "b166045dd5a66219387bca0fc7d503cbc8fce88a9830f2ef85a7dfb65cc1c222",
+	"small.lz4.bin":        "7bfcb1d0ce225939772bd20b15568ea1e44c4b7130e7664083699b8606fab0c2",
+	"small.lz4hc.bin":      "4fcb65588a9622123b8fccd4431fb012344389155014a961a3e9bfb7172689e6",
+	"small.none.bin":       "abf22582d22af3547b8d04e5251669945b03ec42f286448f58e6fb596b9f275d",
+	"small.plain-bom.bin":  "8127be6856ca5a43f81a7db98eacc207e942e5a80261934aab9724e6a627a525",
+	"small.plain-ws.bin":   "754a5bbcd273fd515d7179b92ee7f1e7b0c2320ce68b17e1b4bddc82ef81e16c",
+	"small.plain.bin":      "b166045dd5a66219387bca0fc7d503cbc8fce88a9830f2ef85a7dfb65cc1c222",
+	"small.snappy.bin":     "e6654f75031d3420e8c2cce64c16ea9787f90d45cf36b0a38653e54749b248f0",
+	"small.zstd-best.bin":  "3ccc99b671281777ea98d65c23b49de0e05db787c565e1d4718861c98a218b06",
+	"small.zstd-dict.bin":  "b71c414c92a2e6ec4ee149fb397abcc7c9149baa3c116d57f08113205ff256f2",
+	"small.zstd.bin":       "3ccc99b671281777ea98d65c23b49de0e05db787c565e1d4718861c98a218b06",
+	"zstd.dict":            "5819f05a6f93526fc96b5dba7e2fb0194153c29bc2ce6bf1783dfa6eae628613",
 }
 
 type goldenValue struct {
 	file   string // stored value
 	want   string // file holding the decoded bytes; empty for the value itself
-	format string // none, lz4, snappy, zstd, gzip or plain
+	format string // none, lz4, snappy, zstd, zstd-dict, gzip or plain
+}
+
+// goldenDictFile is the dictionary the zstd-dict golden values were
+// written with. It was trained once; writeGolden reuses it.
+const goldenDictFile = "zstd.dict"
+
+// goldenDictionary parses goldenDictFile.
+func goldenDictionary(t testing.TB) *Dictionary {
+	t.Helper()
+	d, err := ParseDictionary(readGolden(t, goldenDictFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 var goldenSources = []string{"small", "doc"}
@@ -82,6 +103,9 @@ func goldenValues() []goldenValue {
 			goldenValue{base + ".plain-ws.bin", "", "plain"},
 			goldenValue{base + ".plain-bom.bin", "", "plain"},
 		)
+	}
+	for _, base := range append(goldenSources, "record", "empty") {
+		vs = append(vs, goldenValue{base + ".zstd-dict.bin", base + ".json", "zstd-dict"})
 	}
 	return append(vs,
 		goldenValue{"empty.none.bin", "empty.json", "none"},
@@ -104,13 +128,16 @@ func TestGoldenDecode(t *testing.T) {
 	if *update {
 		writeGolden(t)
 	}
+	d := goldenDictionary(t)
 	for _, g := range goldenValues() {
 		value := readGolden(t, g.file)
 		want := value
 		if g.want != "" {
 			want = readGolden(t, g.want)
 		}
-		got, err := DecodeValue(nil, value, len(want))
+		// With the dictionary, which is the same as DecodeValue for
+		// every other format.
+		got, err := DecodeValueDict(nil, value, len(want), d)
 		if err != nil {
 			t.Errorf("%s: %v", g.file, err)
 			continue
@@ -160,6 +187,11 @@ func TestGoldenStockDecoders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer zdec.Close()
+	ddec, err := zstd.NewReader(nil, zstd.WithDecoderDicts(readGolden(t, goldenDictFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ddec.Close()
 	for _, g := range goldenValues() {
 		value := readGolden(t, g.file)
 		var got []byte
@@ -192,6 +224,15 @@ func TestGoldenStockDecoders(t *testing.T) {
 				t.Errorf("%s: frame header %+v, %v: no content size", g.file, h, err)
 			}
 			got, err = zdec.DecodeAll(value[1:], nil)
+		case "zstd-dict":
+			if value[0] != 0x05 {
+				t.Errorf("%s: header %#x", g.file, value[0])
+			}
+			var h zstd.Header
+			if err := h.Decode(value[1:]); err != nil || !h.HasFCS || h.DictionaryID != binary.LittleEndian.Uint32(readGolden(t, goldenDictFile)[4:]) {
+				t.Errorf("%s: frame header %+v, %v: no content size or another dictionary", g.file, h, err)
+			}
+			got, err = ddec.DecodeAll(value[1:], nil)
 		case "gzip":
 			var zr *stdgzip.Reader
 			if zr, err = stdgzip.NewReader(bytes.NewReader(value)); err == nil {
@@ -210,16 +251,39 @@ func TestGoldenStockDecoders(t *testing.T) {
 	}
 }
 
-// writeGolden regenerates the golden files and the seed fuzz corpus. Run
-// it only to add files: go test -run TestGoldenDecode -update, then pin
-// the new files in goldenFiles.
+// writeGolden writes the golden files that are missing and the seed fuzz
+// corpus. It never rewrites a golden file: they pin the format, and are
+// written with -update once, when added: go test -run TestGoldenDecode
+// -update, then pin the new files in goldenFiles. The dictionary, whose
+// training is not deterministic, is reused if present.
 func writeGolden(t *testing.T) {
 	docs := map[string][]byte{
-		"small": []byte(`{"user":"alice","text":"hello hello hello hello"}`),
-		"doc":   chatDoc(10),
-		"empty": {},
+		"small":  []byte(`{"user":"alice","text":"hello hello hello hello"}`),
+		"doc":    chatDoc(10),
+		"record": smallRecords(1, 71, 250, 300)[0],
+		"empty":  {},
 	}
 	files := map[string][]byte{}
+	dictBytes, err := os.ReadFile(filepath.Join(goldenDir, goldenDictFile))
+	if err != nil {
+		samples := smallRecords(300, 72, 40, 400)
+		r := rand.New(rand.NewPCG(73, 73))
+		for i := range 100 {
+			samples = append(samples, appendChatMessage(nil, r, i))
+		}
+		if dictBytes, err = TrainDictionary(samples, 2<<10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files[goldenDictFile] = dictBytes
+	dict, err := ParseDictionary(dictBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, base := range []string{"small", "doc", "record", "empty"} {
+		files[base+".zstd-dict.bin"] = mustAppendValue(t, dict.Codec(1), docs[base])
+	}
+	files["record.json"] = docs["record"]
 	for _, base := range []string{"small", "doc", "empty"} {
 		doc := docs[base]
 		files[base+".json"] = doc
@@ -246,7 +310,11 @@ func writeGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(goldenDir, name), b, 0o644); err != nil {
+		path := filepath.Join(goldenDir, name)
+		if _, err := os.Stat(path); err == nil {
+			continue
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -263,9 +331,9 @@ func writeGolden(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for name, b := range files {
+	for name := range files {
 		if strings.HasSuffix(name, ".bin") {
-			writeCorpus("FuzzDecodeValue", "golden-"+strings.TrimSuffix(name, ".bin"), fmt.Sprintf("[]byte(%q)", b))
+			writeCorpus("FuzzDecodeValue", "golden-"+strings.TrimSuffix(name, ".bin"), fmt.Sprintf("[]byte(%q)", readGolden(t, name)))
 		}
 	}
 	for i := range len(fuzzCodecs) {

@@ -159,9 +159,16 @@ const (
 
 func checkRefused(t *testing.T, name string, value []byte, limit int, want error, bound uint64) {
 	t.Helper()
+	checkRefusedWith(t, name, func() error { _, err := DecodeValue(nil, value, limit); return err }, want, bound)
+}
+
+// checkRefusedWith checks that decode fails with want, allocating at most
+// bound bytes.
+func checkRefusedWith(t *testing.T, name string, decode func() error, want error, bound uint64) {
+	t.Helper()
 	DecodeValue(nil, mustAppendValue(t, Zstd, chatJSON(3000)), 1<<20) // warm the decoders
 	var err error
-	got := allocated(func() { _, err = DecodeValue(nil, value, limit) })
+	got := allocated(func() { err = decode() })
 	if !errors.Is(err, want) {
 		t.Errorf("%s: err %v, want %v", name, err, want)
 	}

@@ -15,6 +15,11 @@ var builtins = [256]Codec{
 	HeaderLZ4:    LZ4,
 	HeaderSnappy: Snappy,
 	HeaderZstd:   Zstd,
+
+	// The format, not a codec that can write it: values of it decode
+	// only with their dictionary (DecodeValueDict), and are written with
+	// Dictionary.Codec.
+	HeaderZstdDict: zstdDictFormat{},
 }
 
 // registry holds the table once a codec has been registered. Lookups read

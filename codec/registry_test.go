@@ -82,7 +82,12 @@ func TestLookupBuiltins(t *testing.T) {
 			t.Errorf("Lookup(%#x) = %v, %v", id, c, ok)
 		}
 	}
-	for _, id := range []byte{0x00, 0x05, 0x0b, 0x10, 0x1f, 0x7f, '{'} {
+	// The dictionary format is built in, though no codec writes it
+	// without a dictionary.
+	if c, ok := Lookup(HeaderZstdDict); !ok || c.ID() != HeaderZstdDict || c.Name() != "zstd-dict" {
+		t.Errorf("Lookup(%#x) = %v, %v", HeaderZstdDict, c, ok)
+	}
+	for _, id := range []byte{0x00, 0x06, 0x0b, 0x10, 0x1f, 0x7f, '{'} {
 		if c, ok := Lookup(id); ok {
 			t.Errorf("Lookup(%#x) = %v", id, c)
 		}

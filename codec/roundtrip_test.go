@@ -51,7 +51,7 @@ func checkRoundTrip(t *testing.T, c Codec, src []byte) {
 	if v[0] != c.ID() || !bytes.Equal(v[1:], payload) {
 		t.Fatalf("AppendValue is not the header byte then the payload")
 	}
-	out, err := DecodeValue(nil, v, len(src))
+	out, err := DecodeValueDict(nil, v, len(src), dictionaryOf(c))
 	if err != nil {
 		t.Fatalf("DecodeValue: %v", err)
 	}

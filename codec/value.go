@@ -51,7 +51,11 @@ func AppendValue(dst []byte, c Codec, src []byte) ([]byte, error) {
 // A header byte that names no codec, including every reserved one, returns
 // a *HeaderError matching ErrUnknownHeader: such a value was written by a
 // newer or differently configured writer and must be neither used as plain
-// nor deleted.
+// nor deleted. A value written with a dictionary (header byte
+// HeaderZstdDict) that is well formed, as far as can be told without the
+// dictionary, returns a *DictionaryError matching ErrUnknownDictionary
+// that names the dictionary; it must not be deleted either, and
+// DecodeValueDict decodes it with its dictionary.
 //
 // Other errors match ErrCorrupt or ErrTooLarge. On error DecodeValue returns
 // dst with its original length.
