@@ -69,7 +69,7 @@ func TestOneJudgementForAllCalls(t *testing.T) {
 		{name: "foreign-lease-with-lock", setup: raw(lease, time.Minute), lock: true,
 			plain:    want{err: packcache.ErrMiss, after: "unchanged"},
 			readThru: want{val: "loaded", loads: 1, after: `"loaded"`}},
-		{name: "undecodable", setup: raw("\x05garbage", time.Minute),
+		{name: "undecodable", setup: raw("\x06garbage", time.Minute),
 			plain:    want{err: packcache.ErrUnknownHeader, after: "unchanged"},
 			readThru: want{val: "loaded", loads: 1, after: `"loaded"`}},
 		{name: "wrong-type", setup: func(ctx context.Context, tg redistest.Target, key string) { tg.Client.RPush(ctx, key, "x") },
@@ -167,10 +167,8 @@ func TestOneJudgementForAllCalls(t *testing.T) {
 						t.Fatalf("Redis holds %q (was %q), want %s", tg.Client.Get(ctx, key).Val(), before, w.after)
 					}
 					if w.eventby != "" {
-						for deadline := time.Now().Add(5 * time.Second); !check(w.eventby); time.Sleep(5 * time.Millisecond) {
-							if time.Now().After(deadline) {
-								t.Fatalf("the refresh did not store: Redis holds %q", tg.Client.Get(ctx, key).Val())
-							}
+						if !eventually(5*time.Second, func() bool { return check(w.eventby) }) {
+							t.Fatalf("the refresh did not store: Redis holds %q", tg.Client.Get(ctx, key).Val())
 						}
 						if loads.Load() != w.loads {
 							t.Fatalf("loader called %d times, want %d", loads.Load(), w.loads)
@@ -275,6 +273,7 @@ func testCallerContext(t *testing.T, tg redistest.Target, calls []string) {
 // WithStrictRedis and the value without it, for GetOrLoad and
 // GetOrLoadMany alike.
 func TestStrictStoreFailureAllCalls(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops the server mid-load")
 	rdb := s.Client(t)
@@ -325,6 +324,7 @@ func (s *countingJSON) Text() bool                         { return true }
 // store and for callers that decode their own copy, by GetOrLoad and
 // GetOrLoadMany alike.
 func TestLoadedValueMarshalledOnce(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	ser := &countingJSON{}
@@ -486,6 +486,7 @@ func TestBatchLockWaitsSequential(t *testing.T) {
 // GetOrLoadMany racing Set and Delete of some of its keys; StaleFor reload
 // racing Delete; WithLock takeover racing Set.
 func TestBatchRacingWrites(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		if tg.Server != nil {
 			redistest.RequireReal(t, tg.Server, "needs TTLs to run down in real time")
@@ -546,6 +547,7 @@ func (h *afterGetsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 }
 
 func TestBatchCountsFailurePerKey(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	cl := s.Client(t)
 	h := &afterGetsHook{fire: func() { s.Stop(t) }}

@@ -47,9 +47,11 @@ func TestCloseDuringTraffic(t *testing.T) {
 	var stop atomic.Bool
 	var unexpected atomic.Value
 	var wg sync.WaitGroup
+	var ops atomic.Int64
 	for w := range 50 {
 		wg.Go(func() {
 			for i := 0; !stop.Load(); i++ {
+				ops.Add(1)
 				k := fmt.Sprintf("close:%d", (w+i)%20)
 				var err error
 				switch i % 7 {
@@ -74,7 +76,7 @@ func TestCloseDuringTraffic(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, 10*time.Second, "traffic under way", func() bool { return ops.Load() >= 2000 })
 	errs := make(chan error, 3)
 	for range 3 {
 		go func() { errs <- c.Close() }()
@@ -144,7 +146,7 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 	if err := old.Set(ctx, "bg:refresh", Channel{ID: "bg:refresh", Title: "old"}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(60 * time.Millisecond)
+	rdb.PExpire(ctx, "bg:refresh", time.Minute-60*time.Millisecond) // 60 ms old: due for refresh
 	slow.Store(true)
 	if v, err := c.Get(ctx, "bg:refresh"); err != nil || v.Title != "old" {
 		t.Fatalf("Get of a value due for refresh: %+v, %v", v, err)

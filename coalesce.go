@@ -45,10 +45,11 @@ type group[V shareable, A work[V]] struct {
 type work[V any] interface {
 	// run does the work for the callers of cl.
 	run(ctx context.Context, cl *call[V]) (V, error)
-	// joining is asked before a caller waits for work already under way;
-	// an error it returns is the caller's result. It catches a loader
-	// waiting for its own load.
-	joining(ctx context.Context, key string) error
+	// joining is told of every caller that shares work another caller
+	// began, before it waits; running reports whether the work is still
+	// under way. An error it returns is the caller's result: it catches a
+	// loader waiting for its own load.
+	joining(ctx context.Context, key string, running bool) error
 }
 
 // A spawner registers goroutines with the cache's life, so that Close
@@ -136,11 +137,9 @@ func (g *group[V, A]) do(ctx context.Context, key string, a A) (v V, err error, 
 	c, joined := g.acquire(key, time.Now().UnixNano(), done != nil)
 	switch {
 	case joined:
-		if !c.finishedNow(&g.mu) {
-			if err := a.joining(ctx, key); err != nil {
-				var zero V
-				return zero, err, true
-			}
+		if err := a.joining(ctx, key, !c.finishedNow(&g.mu)); err != nil {
+			var zero V
+			return zero, err, true
 		}
 	case done == nil || (g.life != nil && !g.life.trySpawn()):
 		g.lead(ctx, key, c, a)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -24,7 +25,12 @@ func (w fnWork) run(ctx context.Context, _ *call[ival]) (ival, error) {
 	return ival(v), err
 }
 
-func (w fnWork) joining(context.Context, string) error { return w.refuse }
+func (w fnWork) joining(_ context.Context, _ string, running bool) error {
+	if !running {
+		return nil
+	}
+	return w.refuse
+}
 
 // ival is an int result, shared for the whole window unless it is an
 // error.
@@ -62,40 +68,44 @@ func waitRegistered(g *testGroup, key string) {
 }
 
 func TestGroupFirstCallerLeaves(t *testing.T) {
-	g := newGroup(time.Hour)
-	var calls atomic.Int64
-	release := make(chan struct{})
-	fn := func(ctx context.Context) (int, error) {
-		calls.Add(1)
-		<-release
-		return 42, ctx.Err() // the work's context is not the first caller's
-	}
-	lctx, cancel := context.WithCancel(context.Background())
-	leaderDone := make(chan error)
-	go func() { _, err, _ := do(g, lctx, "k", fn); leaderDone <- err }()
-	waitRegistered(g, "k")
-	var wg sync.WaitGroup
-	var got atomic.Int64
-	for range 10 {
-		wg.Go(func() {
-			if v, err, shared := do(g, context.Background(), "k", fn); err == nil && v == 42 && shared {
-				got.Add(1)
-			}
-		})
-	}
-	time.Sleep(10 * time.Millisecond)
-	cancel()
-	if err := <-leaderDone; !errors.Is(err, context.Canceled) {
-		t.Fatalf("first caller got %v", err)
-	}
-	close(release)
-	wg.Wait()
-	if got.Load() != 10 || calls.Load() != 1 {
-		t.Fatalf("%d of 10 waiters got the value; fn ran %d times", got.Load(), calls.Load())
-	}
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(time.Hour)
+		var calls atomic.Int64
+		release := make(chan struct{})
+		fn := func(ctx context.Context) (int, error) {
+			calls.Add(1)
+			<-release
+			return 42, ctx.Err() // the work's context is not the first caller's
+		}
+		lctx, cancel := context.WithCancel(context.Background())
+		leaderDone := make(chan error)
+		go func() { _, err, _ := do(g, lctx, "k", fn); leaderDone <- err }()
+		waitRegistered(g, "k")
+		var wg sync.WaitGroup
+		var got atomic.Int64
+		for range 10 {
+			wg.Go(func() {
+				if v, err, shared := do(g, context.Background(), "k", fn); err == nil && v == 42 && shared {
+					got.Add(1)
+				}
+			})
+		}
+		synctest.Wait() // every waiter has joined
+		cancel()
+		if err := <-leaderDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("first caller got %v", err)
+		}
+		close(release)
+		wg.Wait()
+		if got.Load() != 10 || calls.Load() != 1 {
+			t.Fatalf("%d of 10 waiters got the value; fn ran %d times", got.Load(), calls.Load())
+		}
+	})
 }
 
 func TestGroupPanicAndGoexit(t *testing.T) {
+	t.Parallel()
 	g := newGroup(time.Hour)
 	_, err, _ := do(g, context.Background(), "p", func(context.Context) (int, error) { panic("boom") })
 	var pe *PanicError
@@ -124,40 +134,43 @@ func TestGroupPanicAndGoexit(t *testing.T) {
 // TestGroupShareWindow: a caller shares work begun at most one window
 // before it, running or ended; later, it starts afresh; forget detaches.
 func TestGroupShareWindow(t *testing.T) {
-	g := newGroup(100 * time.Millisecond)
-	var calls atomic.Int64
-	fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
-	ctx := context.Background()
-	do(g, ctx, "k", fn)
-	if v, _, shared := do(g, ctx, "k", fn); v != 1 || !shared {
-		t.Fatalf("within the window: %v shared=%v", v, shared)
-	}
-	g.forget("k")
-	if v, _, _ := do(g, ctx, "k", fn); v != 2 {
-		t.Fatalf("after forget: %v", v)
-	}
-	time.Sleep(120 * time.Millisecond)
-	if v, _, _ := do(g, ctx, "k", fn); v != 3 {
-		t.Fatalf("after the window: %v", v)
-	}
-	// Errors are not shared after the work ends.
-	do(g, ctx, "e", func(context.Context) (int, error) { return 0, errors.New("x") })
-	if v, err, _ := do(g, ctx, "e", fn); err != nil || v == 0 {
-		t.Fatalf("an error was shared after its work ended: %v %v", v, err)
-	}
-	// Results past their window are dropped from the map, so keys never
-	// asked for again do not pile up.
-	for i := range 100 {
-		do(g, ctx, string(rune('a'+i)), fn)
-	}
-	time.Sleep(120 * time.Millisecond)
-	do(g, ctx, "z2", fn)
-	g.mu.Lock()
-	n, h := len(g.m), len(g.held)
-	g.mu.Unlock()
-	if n > 1 || h > 1 {
-		t.Fatalf("%d entries and %d held left after their windows ended", n, h)
-	}
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(100 * time.Millisecond)
+		var calls atomic.Int64
+		fn := func(context.Context) (int, error) { return int(calls.Add(1)), nil }
+		ctx := context.Background()
+		do(g, ctx, "k", fn)
+		if v, _, shared := do(g, ctx, "k", fn); v != 1 || !shared {
+			t.Fatalf("within the window: %v shared=%v", v, shared)
+		}
+		g.forget("k")
+		if v, _, _ := do(g, ctx, "k", fn); v != 2 {
+			t.Fatalf("after forget: %v", v)
+		}
+		time.Sleep(120 * time.Millisecond)
+		if v, _, _ := do(g, ctx, "k", fn); v != 3 {
+			t.Fatalf("after the window: %v", v)
+		}
+		// Errors are not shared after the work ends.
+		do(g, ctx, "e", func(context.Context) (int, error) { return 0, errors.New("x") })
+		if v, err, _ := do(g, ctx, "e", fn); err != nil || v == 0 {
+			t.Fatalf("an error was shared after its work ended: %v %v", v, err)
+		}
+		// Results past their window are dropped from the map, so keys never
+		// asked for again do not pile up.
+		for i := range 100 {
+			do(g, ctx, string(rune('a'+i)), fn)
+		}
+		time.Sleep(120 * time.Millisecond)
+		do(g, ctx, "z2", fn)
+		g.mu.Lock()
+		n, h := len(g.m), len(g.held)
+		g.mu.Unlock()
+		if n > 1 || h > 1 {
+			t.Fatalf("%d entries and %d held left after their windows ended", n, h)
+		}
+	})
 }
 
 // TestGroupWindowBoundsSlowWork: the window counts from when the work
@@ -165,65 +178,71 @@ func TestGroupShareWindow(t *testing.T) {
 // a slow read began starts its own, even while that read is under way, and
 // a slow read's result is not shared after it ends.
 func TestGroupWindowBoundsSlowWork(t *testing.T) {
-	g := newGroup(30 * time.Millisecond)
-	var calls atomic.Int64
-	release := make(chan struct{})
-	slow := func(context.Context) (int, error) {
-		n := int(calls.Add(1))
-		if n == 1 {
-			<-release
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(30 * time.Millisecond)
+		var calls atomic.Int64
+		release := make(chan struct{})
+		slow := func(context.Context) (int, error) {
+			n := int(calls.Add(1))
+			if n == 1 {
+				<-release
+			}
+			return n, nil
 		}
-		return n, nil
-	}
-	ctx := context.Background()
-	first := make(chan int)
-	go func() { v, _, _ := do(g, ctx, "k", slow); first <- int(v) }()
-	waitRegistered(g, "k")
-	time.Sleep(60 * time.Millisecond)
-	if v, _, shared := do(g, ctx, "k", slow); v != 2 || shared {
-		t.Fatalf("a caller two windows after the read began joined it: %v shared=%v", v, shared)
-	}
-	close(release)
-	if v := <-first; v != 1 {
-		t.Fatalf("first caller got %v", v)
-	}
-	if v, _, shared := do(g, ctx, "k", slow); shared && v == 1 {
-		t.Fatalf("the slow read's result was shared after it ended, past its window")
-	}
+		ctx := context.Background()
+		first := make(chan int)
+		go func() { v, _, _ := do(g, ctx, "k", slow); first <- int(v) }()
+		waitRegistered(g, "k")
+		time.Sleep(60 * time.Millisecond)
+		if v, _, shared := do(g, ctx, "k", slow); v != 2 || shared {
+			t.Fatalf("a caller two windows after the read began joined it: %v shared=%v", v, shared)
+		}
+		close(release)
+		if v := <-first; v != 1 {
+			t.Fatalf("first caller got %v", v)
+		}
+		if v, _, shared := do(g, ctx, "k", slow); shared && v == 1 {
+			t.Fatalf("the slow read's result was shared after it ended, past its window")
+		}
+	})
 }
 
 // TestGroupZeroWindow: with no window, callers share only work under way.
 func TestGroupZeroWindow(t *testing.T) {
-	g := newGroup(0)
-	var calls atomic.Int64
-	release := make(chan struct{})
-	fn := func(context.Context) (int, error) {
-		n := int(calls.Add(1))
-		if n == 1 {
-			<-release
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(0)
+		var calls atomic.Int64
+		release := make(chan struct{})
+		fn := func(context.Context) (int, error) {
+			n := int(calls.Add(1))
+			if n == 1 {
+				<-release
+			}
+			return n, nil
 		}
-		return n, nil
-	}
-	ctx := context.Background()
-	first := make(chan int)
-	go func() { v, _, _ := do(g, ctx, "k", fn); first <- int(v) }()
-	waitRegistered(g, "k")
-	time.Sleep(30 * time.Millisecond)
-	joined := make(chan int)
-	go func() { v, _, _ := do(g, ctx, "k", fn); joined <- int(v) }()
-	time.Sleep(20 * time.Millisecond)
-	close(release)
-	if a, b := <-first, <-joined; a != 1 || b != 1 {
-		t.Fatalf("a caller during the work did not share it: %d %d", a, b)
-	}
-	if v, _, shared := do(g, ctx, "k", fn); v != 2 || shared {
-		t.Fatalf("with no window a caller after the work shared it: %v %v", v, shared)
-	}
+		ctx := context.Background()
+		first := make(chan int)
+		go func() { v, _, _ := do(g, ctx, "k", fn); first <- int(v) }()
+		waitRegistered(g, "k")
+		joined := make(chan int)
+		go func() { v, _, _ := do(g, ctx, "k", fn); joined <- int(v) }()
+		synctest.Wait() // the second caller has joined
+		close(release)
+		if a, b := <-first, <-joined; a != 1 || b != 1 {
+			t.Fatalf("a caller during the work did not share it: %d %d", a, b)
+		}
+		if v, _, shared := do(g, ctx, "k", fn); v != 2 || shared {
+			t.Fatalf("with no window a caller after the work shared it: %v %v", v, shared)
+		}
+	})
 }
 
 // TestRegistryLoadTokens: a load is shared only by callers that saw its
 // token; others start their own.
 func TestRegistryLoadTokens(t *testing.T) {
+	t.Parallel()
 	var g registry[int]
 	a, ok := g.claim("k", "lease-1", true, true)
 	if ok {
@@ -249,55 +268,50 @@ func TestRegistryLoadTokens(t *testing.T) {
 // end, it does the work on its own goroutine; callers that join it, with
 // contexts of any kind, must still wait for its result.
 func TestGroupWaitersOfAnInlineLeader(t *testing.T) {
-	g := newGroup(time.Hour)
-	var calls atomic.Int64
-	started := make(chan struct{})
-	release := make(chan struct{})
-	fn := func(context.Context) (int, error) {
-		if calls.Add(1) == 1 {
-			close(started)
-			<-release
-		}
-		return 7, nil
-	}
-	leader := make(chan int)
-	go func() { v, _, _ := do(g, context.Background(), "k", fn); leader <- int(v) }()
-	<-started
-	var wg sync.WaitGroup
-	var wrong atomic.Int64
-	for i := range 100 {
-		wg.Go(func() {
-			ctx := context.Background()
-			if i%2 == 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, time.Minute)
-				defer cancel()
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(time.Hour)
+		var calls atomic.Int64
+		started := make(chan struct{})
+		release := make(chan struct{})
+		fn := func(context.Context) (int, error) {
+			if calls.Add(1) == 1 {
+				close(started)
+				<-release
 			}
-			if v, err, shared := do(g, ctx, "k", fn); v != 7 || err != nil || !shared {
-				wrong.Add(1)
-			}
-		})
-	}
-	for {
-		g.mu.Lock()
-		ready := g.m["k"].done != nil
-		g.mu.Unlock()
-		if ready {
-			break
+			return 7, nil
 		}
-		runtime.Gosched()
-	}
-	time.Sleep(20 * time.Millisecond)
-	close(release)
-	wg.Wait()
-	if v := <-leader; v != 7 || wrong.Load() != 0 || calls.Load() != 1 {
-		t.Fatalf("leader %d, %d of 100 waiters wrong, fn ran %d times", v, wrong.Load(), calls.Load())
-	}
+		leader := make(chan int)
+		go func() { v, _, _ := do(g, context.Background(), "k", fn); leader <- int(v) }()
+		<-started
+		var wg sync.WaitGroup
+		var wrong atomic.Int64
+		for i := range 100 {
+			wg.Go(func() {
+				ctx := context.Background()
+				if i%2 == 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Minute)
+					defer cancel()
+				}
+				if v, err, shared := do(g, ctx, "k", fn); v != 7 || err != nil || !shared {
+					wrong.Add(1)
+				}
+			})
+		}
+		synctest.Wait() // every waiter has joined
+		close(release)
+		wg.Wait()
+		if v := <-leader; v != 7 || wrong.Load() != 0 || calls.Load() != 1 {
+			t.Fatalf("leader %d, %d of 100 waiters wrong, fn ran %d times", v, wrong.Load(), calls.Load())
+		}
+	})
 }
 
 // TestGroupJoiningRefused: a caller whose joining check fails gets its
 // error at once instead of waiting for the work under way.
 func TestGroupJoiningRefused(t *testing.T) {
+	t.Parallel()
 	g := newGroup(time.Hour)
 	release := make(chan struct{})
 	go do(g, context.Background(), "k", func(context.Context) (int, error) { <-release; return 1, nil })
@@ -314,6 +328,7 @@ func TestGroupJoiningRefused(t *testing.T) {
 // holds the mutex at that moment puts the call (read before the write) back
 // into the hot slot after the cool, and lookHot then serves it.
 func TestForgetVsFinishHotSlot(t *testing.T) {
+	t.Parallel()
 	g := &group[ival, fnWork]{}
 	g.window = int64(time.Second)
 	now := time.Now().UnixNano()

@@ -39,14 +39,9 @@ import (
 // waitGoroutines waits up to d for the goroutine count to fall to at most
 // want, and returns the last count seen.
 func waitGoroutines(want int, d time.Duration) int {
-	deadline := time.Now().Add(d)
-	for {
-		n := runtime.NumGoroutine()
-		if n <= want || time.Now().After(deadline) {
-			return n
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var n int
+	eventually(d, func() bool { n = runtime.NumGoroutine(); return n <= want })
+	return n
 }
 
 // isKeyErr reports whether err is a *packcache.Error naming key.
@@ -146,9 +141,10 @@ func TestFaultRedisKilledMidSurge(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(150 * time.Millisecond) // the surge is under way
+	waitFor(t, 10*time.Second, "the surge under way", func() bool { return calls.Load() >= 200 })
 	s.Stop(t)
-	time.Sleep(500 * time.Millisecond) // Gets against the dead server
+	atStop := calls.Load()
+	waitFor(t, 10*time.Second, "Gets against the dead server", func() bool { return calls.Load() >= atStop+500 })
 	close(done)
 	wg.Wait()
 	t.Logf("%d Gets; slowest %v; loads %d", calls.Load(), time.Duration(maxLat.Load()), loads.Load())
@@ -171,16 +167,9 @@ func TestFaultRedisKilledMidSurge(t *testing.T) {
 	// go-redis, after a run of failed dials, answers new dials with the
 	// last dial error until its background redial (once a second)
 	// succeeds, so allow it a little more than that.
-	for {
-		err := plain.Set(ctx, "after", Channel{ID: "after"})
-		if err == nil {
-			break
-		}
-		if time.Since(restartAt) > 5*time.Second {
-			t.Fatalf("Set %v after restart: %v", time.Since(restartAt), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, 5*time.Second, "a Set succeeding after restart", func() bool {
+		return plain.Set(ctx, "after", Channel{ID: "after"}) == nil
+	})
 	if v, err := plain.Get(ctx, "after"); err != nil || v.ID != "after" {
 		t.Fatalf("Get after restart: %+v, %v", v, err)
 	}
@@ -265,17 +254,10 @@ func TestFaultPausedRedisDeadlines(t *testing.T) {
 
 	s.Resume(t)
 	paused = false
-	deadline := time.Now().Add(6 * time.Second)
-	for {
+	waitFor(t, 6*time.Second, "Get answering after Resume", func() bool {
 		v, err := c.Get(ctx, "slow")
-		if err == nil && v.ID == want.ID && len(v.Messages) == len(want.Messages) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Get after Resume: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && v.ID == want.ID && len(v.Messages) == len(want.Messages)
+	})
 }
 
 // TestClusterMasterStopped stops one master of a 3-master cluster: keys on
@@ -507,15 +489,12 @@ func TestBreakerReadThrough(t *testing.T) {
 	s.Restart(t)
 	back := time.Now()
 	hits := c.Stats().Hits
-	for c.Stats().Hits == hits {
-		if time.Since(back) > 1500*time.Millisecond {
-			t.Fatalf("no Get was answered from Redis %v after restart", time.Since(back))
-		}
+	waitFor(t, 1500*time.Millisecond, "a Get answered from Redis after restart", func() bool {
 		if v, err := c.Get(ctx, "b:back"); err != nil || v.ID != "b:back" {
 			t.Fatalf("Get after restart: %+v, %v", v, err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return c.Stats().Hits > hits
+	})
 	t.Logf("Gets hit Redis again %v after restart", time.Since(back))
 }
 
@@ -542,6 +521,7 @@ func redisHasTLS(t *testing.T) (bool, string) {
 // TestTLSWithACLUser runs redis-server with TLS (a CA and server
 // certificate made here) and an ACL user, and uses the cache over it.
 func TestTLSWithACLUser(t *testing.T) {
+	t.Parallel()
 	ok, why := redisHasTLS(t)
 	if !ok {
 		if os.Getenv(redistest.RequireEnv) == "1" && strings.Contains(why, "PATH") {
@@ -708,6 +688,7 @@ func (h *slowGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // see the write, not join the stale read. Set and Delete end the sharing of
 // reads under way (forget); a GetOrLoad whose load stores must too.
 func TestFaultSlowReadAfterWrite(t *testing.T) {
+	t.Parallel()
 	for _, write := range []string{"Set", "GetOrLoad"} {
 		t.Run(write, func(t *testing.T) {
 			s := redistest.Start(t)
@@ -719,11 +700,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			hook.armed.Store(true)
 			first := make(chan error, 1)
 			go func() { _, err := c.Get(ctx, "k"); first <- err }()
-			for deadline := time.Now().Add(5 * time.Second); hook.armed.Load(); time.Sleep(time.Millisecond) { // the slow GET has been sent
-				if time.Now().After(deadline) {
-					t.Fatal("the GET never ran")
-				}
-			}
+			waitFor(t, 5*time.Second, "the slow GET sent", func() bool { return !hook.armed.Load() })
 			want := Channel{ID: "written"}
 			switch write {
 			case "Set":
@@ -860,13 +837,13 @@ func TestBreakerCountsCallerDeadline(t *testing.T) {
 	opened := map[string]int{}
 	for name, op := range ops {
 		for range 15 {
-			if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "150", "ALL").Err(); err != nil {
+			if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "60", "ALL").Err(); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 			op(ctx)
 			cancel()
-			time.Sleep(200 * time.Millisecond)
+			// The probe waits out the rest of the pause, well within its budget.
 			if _, err := c.Get(context.Background(), "probe"); errors.Is(err, packcache.ErrCircuitOpen) {
 				opened[name]++
 				// Close the breaker again with a fresh cache.
@@ -920,12 +897,17 @@ func TestClusterHungBeforeSlotMap(t *testing.T) {
 // Share window 0 with the breaker open: no read at all, yet a Get arriving
 // much later shares the first Get's loader call.
 func TestWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	ctx := ctxT(t)
 	var calls atomic.Int64
+	first := make(chan struct{}, 1)
 	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 		n := calls.Add(1)
-		time.Sleep(400 * time.Millisecond)
+		if n == 1 {
+			first <- struct{}{} // the first Get's load has begun
+		}
+		time.Sleep(400 * time.Millisecond) // the load's cost
 		return "load" + strconv.FormatInt(n, 10), nil
 	})
 	c := mustNew[string](t, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(1, time.Minute),
@@ -935,7 +917,8 @@ func TestWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
 	calls.Store(0)
 	done := make(chan string, 2)
 	go func() { v, _ := c.Get(ctx, "k"); done <- v }()
-	time.Sleep(200 * time.Millisecond)
+	<-first
+	time.Sleep(200 * time.Millisecond) // much later, while the first load still runs
 	go func() { v, _ := c.Get(ctx, "k"); done <- v }()
 	a, b := <-done, <-done
 	t.Logf("values %q %q, loader calls %d", a, b, calls.Load())
@@ -976,6 +959,7 @@ func TestCircuitOpenWithoutLoader(t *testing.T) {
 // TestBreakerIgnoresCallerContexts: callers whose contexts have ended,
 // however many, do not open the breaker for the others.
 func TestBreakerIgnoresCallerContexts(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var loads atomic.Int64
@@ -1020,6 +1004,7 @@ func TestBreakerIgnoresCallerContexts(t *testing.T) {
 // TestBreakerCountsOncePerBatchPerNode: a batch of a hundred keys on a
 // hung node is one failure, not a hundred.
 func TestBreakerCountsOncePerBatchPerNode(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops the server")
 	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
@@ -1048,6 +1033,7 @@ func TestBreakerCountsOncePerBatchPerNode(t *testing.T) {
 // and its keys fail fast, while keys on the healthy masters are still
 // served from Redis.
 func TestBreakerPerNode(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	cl.AllowPartialCoverage(t)
 	rdb := cl.Client(t, func(o *redis.ClusterOptions) {
@@ -1113,6 +1099,7 @@ func TestBreakerPerNode(t *testing.T) {
 // callers sharing it), and read-through callers then get the loader's value
 // without waiting on Redis.
 func TestBreakerHotKeyOnDeadRedis(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops the server")
 	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
@@ -1203,13 +1190,16 @@ func TestHungRedis(t *testing.T) {
 // many there are, they count as no Redis failure: the breaker stays
 // closed and later loads store their values.
 func TestSlowLoadsAreNotRedisFailures(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var slow atomic.Bool
+	var returned atomic.Int64
 	slow.Store(true)
 	c := mustNew[Channel](t, rdb, packcache.WithLoadTimeout(50*time.Millisecond), packcache.WithCircuitBreaker(2, time.Minute),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			if slow.Load() {
+				defer returned.Add(1)
 				time.Sleep(120 * time.Millisecond) // ignores ctx
 			}
 			return Channel{ID: key}, nil
@@ -1220,7 +1210,7 @@ func TestSlowLoadsAreNotRedisFailures(t *testing.T) {
 		}
 	}
 	slow.Store(false)
-	time.Sleep(200 * time.Millisecond) // the slow loaders return meanwhile
+	waitFor(t, 5*time.Second, "the slow loaders returning", func() bool { return returned.Load() == 6 })
 	if n := c.Stats().RedisErrors; n != 0 {
 		t.Fatalf("slow loads counted %d Redis errors", n)
 	}
@@ -1241,6 +1231,7 @@ func TestSlowLoadsAreNotRedisFailures(t *testing.T) {
 // context deadlines would let a hung Redis stall callers for the client's
 // own timeouts and retries; New says so.
 func TestNewRefusesClientIgnoringDeadlines(t *testing.T) {
+	t.Parallel()
 	s, _ := single(t)
 	for name, rdb := range map[string]redis.UniversalClient{
 		"client":  redis.NewClient(&redis.Options{Addr: s.Addr()}),

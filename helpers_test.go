@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -25,6 +26,14 @@ func TestMain(m *testing.M) {
 	// go-redis logs dial failures through its own global logger; the tests
 	// that stop servers make plenty.
 	redis.SetLogger(quietLogger{})
+	// Most tests start their own redis-server and spend their time waiting
+	// on it and on timers, so more of them run at once than there are
+	// cores. Tests that measure time or memory do not call t.Parallel and
+	// run alone first. -parallel on the command line overrides this.
+	flag.Parse()
+	if !flagSet("test.parallel") {
+		flag.Set("test.parallel", "6")
+	}
 	code := m.Run()
 	redistest.Shutdown()
 	if code == 0 {
@@ -141,6 +150,11 @@ func rawGet(t testing.TB, rdb redis.UniversalClient, key string) []byte {
 	return b
 }
 
+func flagSet(name string) (set bool) {
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
@@ -153,4 +167,29 @@ func gzipBytes(t testing.TB, b []byte) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// waitFor polls cond until it holds, failing the test with what if it
+// does not within d: the way tests wait for something they cannot be told
+// of, such as an invalidation arriving from Redis.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !eventually(d, cond) {
+		t.Fatalf("%s: not within %v", what, d)
+	}
+}
+
+// eventually polls cond until it holds or d has passed, and reports
+// whether it held; for goroutines that must not fail the test themselves.
+func eventually(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
 }

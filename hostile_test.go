@@ -80,6 +80,7 @@ func getNoPanic[T any](t *testing.T, what string, get func() (T, error)) (v T, e
 // begins a lease (ErrMiss), and every other header byte is ErrUnknownHeader
 // naming the byte.
 func TestHostileEveryHeaderByte(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	cc := mustNew[Channel](t, rdb, packcache.WithMaxValueSize(hostileLimit))
@@ -450,6 +451,7 @@ func TestHostileValuesBoundedAllocation(t *testing.T) {
 // the cache must hand back exactly what encoding/json makes of it and leave
 // the stored bytes alone.
 func TestHostileInvalidUTF8InJSONString(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	cc := mustNew[Channel](t, rdb, packcache.WithMaxValueSize(hostileLimit))

@@ -67,6 +67,7 @@ func otherClient(t *testing.T, tg redistest.Target) redis.UniversalClient {
 }
 
 func TestWriteNotUndoneByOlderLoad(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, write := range []string{"Set", "Delete", "SetMany", "DeleteMany"} {
 			for _, writer := range []string{"same-cache", "other-cache"} {
@@ -165,6 +166,7 @@ func testWriteNotUndone(t *testing.T, tg redistest.Target, write, writer string)
 // write in another, both ways, for Set and Delete, on a single node and on
 // the cluster.
 func TestWriteNotUndoneAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, write := range []string{"set", "delete"} {
 			for _, loaderHere := range []bool{true, false} {
@@ -337,6 +339,7 @@ func child(mode string) int {
 // or finds nothing (without negative caching) removes its lease, so that
 // readers do not take the key for a load in progress.
 func TestLeaseReleasedWhenLoadFails(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		outcomes := map[string]error{
@@ -361,6 +364,7 @@ func TestLeaseReleasedWhenLoadFails(t *testing.T) {
 // script, the loader and the store script: one round trip more than a GET
 // and a SET. A hit costs one GET and nothing else.
 func TestLeaseCostsOneRoundTrip(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
 	ctx := ctxT(t)
@@ -402,6 +406,7 @@ func rawState(t testing.TB, rdb redis.UniversalClient, key string) string {
 }
 
 func TestRefreshOverwritesIdenticalSet(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
@@ -423,7 +428,7 @@ func TestRefreshOverwritesIdenticalSet(t *testing.T) {
 	if err := c.Set(ctx, "k", "A"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	rdb.PExpire(ctx, "k", 10*time.Second-150*time.Millisecond) // 150 ms old: due for refresh
 	if v, err := c.Get(ctx, "k"); err != nil || v != "A" {
 		t.Fatalf("Get = %q, %v", v, err)
 	}
@@ -443,6 +448,7 @@ func TestRefreshOverwritesIdenticalSet(t *testing.T) {
 
 // Same, with Delete and a later load that stores the same bytes again.
 func TestRefreshOverwritesDeleteThenReload(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
@@ -479,6 +485,7 @@ func TestRefreshOverwritesDeleteThenReload(t *testing.T) {
 }
 
 func TestLeaseLeftAfterSerializationError(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[float64](t, rdb, packcache.WithLoader[float64](packcache.LoaderFunc[float64](
@@ -494,6 +501,7 @@ func TestLeaseLeftAfterSerializationError(t *testing.T) {
 }
 
 func TestLeaseLeftAfterTooLarge(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[string](t, rdb, packcache.WithMaxValueSize(100), packcache.WithLoader[string](packcache.LoaderFunc[string](
@@ -585,6 +593,7 @@ func (l *stormLog) load(ctx context.Context, key string) (string, error) {
 }
 
 func TestWriteStorm(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"plain", "refresh+stale", "nocoalesce+window0"} {
 		t.Run(mode, func(t *testing.T) {
 			forEachTarget(t, func(t *testing.T, tg redistest.Target) { stormOnce(t, tg, mode) })
@@ -726,6 +735,7 @@ func stormOnce(t *testing.T, tg redistest.Target, mode string) {
 }
 
 func TestStaleReloadRacingDelete(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
@@ -749,6 +759,7 @@ func TestStaleReloadRacingDelete(t *testing.T) {
 }
 
 func TestLockTakeoverRacingSet(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	pEntered, pRelease := make(chan struct{}, 1), make(chan struct{})

@@ -111,6 +111,7 @@ func TestSurgeColdKeyLoadsOnce(t *testing.T) {
 }
 
 func TestSurgeAcrossProcessesWithLock(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		var loads atomic.Int64
@@ -187,10 +188,12 @@ func TestLockHolderDies(t *testing.T) {
 }
 
 func TestWaiterCancellation(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	release := make(chan struct{})
+	release, entered := make(chan struct{}), make(chan struct{})
 	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		close(entered)
 		<-release
 		return Channel{ID: key}, nil
 	})))
@@ -198,7 +201,7 @@ func TestWaiterCancellation(t *testing.T) {
 	first, cancel := context.WithCancel(ctx)
 	firstDone := make(chan error)
 	go func() { _, err := c.Get(first, "k"); firstDone <- err }()
-	time.Sleep(20 * time.Millisecond)
+	<-entered
 	var wg sync.WaitGroup
 	var ok atomic.Int64
 	for range 10 {
@@ -210,7 +213,7 @@ func TestWaiterCancellation(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, 5*time.Second, "10 callers joining the load", func() bool { return c.Stats().CoalescedWaits == 10 })
 	cancel()
 	if err := <-firstDone; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled caller got %v", err)
@@ -224,13 +227,17 @@ func TestWaiterCancellation(t *testing.T) {
 }
 
 func TestLoaderPanicThenSuccess(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var calls atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+	var c *packcache.Cache[Channel]
+	c = mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		switch calls.Add(1) {
 		case 1:
-			time.Sleep(20 * time.Millisecond)
+			// Panic once every other caller has joined (if they do not
+			// in time, the count below says so).
+			eventually(10*time.Second, func() bool { return c.Stats().CoalescedWaits == 49 })
 			panic("database driver bug")
 		case 2:
 			return Channel{}, errors.New("database down")
@@ -262,6 +269,7 @@ func TestLoaderPanicThenSuccess(t *testing.T) {
 }
 
 func TestNegativeCaching(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		if tg.Server != nil {
 			redistest.RequireReal(t, tg.Server, "a tombstone that expires in real time (miniredis keeps time still)")
@@ -300,6 +308,7 @@ func TestNegativeCaching(t *testing.T) {
 }
 
 func TestTTLJitterBounds(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb, packcache.WithTTL(100*time.Second), packcache.WithPrefix("", packcache.Policy{TTLJitter: 0.2}))
@@ -319,6 +328,7 @@ func TestTTLJitterBounds(t *testing.T) {
 }
 
 func TestEarlyRefreshOnce(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var calls atomic.Int64
@@ -341,17 +351,10 @@ func TestEarlyRefreshOnce(t *testing.T) {
 		}
 	})
 	close(release)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitFor(t, 5*time.Second, "the refreshed value", func() bool {
 		v, _ := c.Get(ctx, "k")
-		if v.ID == "2" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("refreshed value never arrived")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return v.ID == "2"
+	})
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("loader called %d times, want 2 (one refresh)", n)
 	}
@@ -361,6 +364,7 @@ func TestEarlyRefreshOnce(t *testing.T) {
 }
 
 func TestStaleOnError(t *testing.T) {
+	t.Parallel()
 	srv, rdb := single(t)
 	redistest.RequireReal(t, srv, "values that age in real time (miniredis keeps time still)")
 	ctx := ctxT(t)
@@ -396,6 +400,7 @@ func TestStaleOnError(t *testing.T) {
 }
 
 func TestUndecodableValueReloaded(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var reported []error
@@ -426,6 +431,7 @@ func TestUndecodableValueReloaded(t *testing.T) {
 }
 
 func TestDoNotCache(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb)
@@ -489,25 +495,20 @@ func TestRedisDownReadThrough(t *testing.T) {
 		t.Fatalf("strict Get with Redis down: %v", err)
 	}
 	s.Restart(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitFor(t, 5*time.Second, "the cache storing in Redis again after restart", func() bool {
 		c.Get(ctx, "b") // stores once the breaker lets a call through
-		if rdb.Exists(ctx, "b").Val() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("cache never used Redis again after restart")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(20 * time.Millisecond) // past the share window of the load
-	hits := c.Stats().Hits
-	if v, err := c.Get(ctx, "b"); err != nil || v.ID != "b" || c.Stats().Hits != hits+1 {
-		t.Fatalf("after recovery: %v, %v, hits %d", v, err, c.Stats().Hits-hits)
-	}
+		return rdb.Exists(ctx, "b").Val() == 1
+	})
+	// Once the load's share window has passed, Get reads Redis: a hit.
+	waitFor(t, 5*time.Second, "a hit from Redis after recovery", func() bool {
+		hits := c.Stats().Hits
+		v, err := c.Get(ctx, "b")
+		return err == nil && v.ID == "b" && c.Stats().Hits == hits+1
+	})
 }
 
 func TestGetOrLoadMany(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		c := mustNew[Channel](t, tg.Client, packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}))
@@ -554,17 +555,19 @@ func TestGetOrLoadMany(t *testing.T) {
 }
 
 func TestGetOrLoadManySharesInFlight(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	release := make(chan struct{})
+	release, entered := make(chan struct{}), make(chan struct{})
 	var single atomic.Int64
 	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		single.Add(1)
+		close(entered)
 		<-release
 		return Channel{ID: key, Title: "from Get"}, nil
 	})))
 	go c.Get(ctx, "x")
-	time.Sleep(30 * time.Millisecond)
+	<-entered
 	var missingSeen []string
 	done := make(chan map[string]Channel)
 	go func() {
@@ -574,7 +577,7 @@ func TestGetOrLoadManySharesInFlight(t *testing.T) {
 		})
 		done <- m
 	}()
-	time.Sleep(30 * time.Millisecond)
+	waitFor(t, 5*time.Second, "the batch joining the load of x", func() bool { return c.Stats().CoalescedWaits == 1 })
 	close(release)
 	m := <-done
 	if len(missingSeen) != 1 || missingSeen[0] != "y" {
@@ -586,6 +589,7 @@ func TestGetOrLoadManySharesInFlight(t *testing.T) {
 }
 
 func TestDecodePerCaller(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	for _, per := range []bool{false, true} {
@@ -620,6 +624,7 @@ func TestDecodePerCaller(t *testing.T) {
 // path where the first does the read on its own goroutine; all must still
 // get the value, warm and cold.
 func TestSurgeBackgroundContext(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	want := makeChannel(5, 64<<10)
 	var loads atomic.Int64
@@ -721,6 +726,7 @@ func TestReentrantLoad(t *testing.T) {
 // TestLoaderNilPointer: for a Cache of a pointer type, a loader's nil
 // pointer without an error is refused with ErrNilValue and not stored.
 func TestLoaderNilPointer(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[*Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[*Channel](func(ctx context.Context, key string) (*Channel, error) {
@@ -768,7 +774,7 @@ func (h *blockScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestHeapPerColdCall: 20,000 concurrent cold Gets of distinct keys with
+// TestHeapPerColdCall: 5,000 concurrent cold Gets of distinct keys with
 // values of about 30 bytes hold at most about 8 KiB of heap each while in
 // flight: while their loads run, and while their stores wait on Redis.
 // (Buffers are sized to the value, not pooled at 16 KiB.)
@@ -785,7 +791,7 @@ func TestHeapPerColdCall(t *testing.T) {
 		ID   int    `json:"id"`
 		Name string `json:"name"`
 	}
-	const n = 20_000
+	const n = 5_000
 	var entered atomic.Int64
 	var block atomic.Bool
 	loaded := make(chan struct{})
@@ -817,15 +823,11 @@ func TestHeapPerColdCall(t *testing.T) {
 			}
 		})
 	}
-	for entered.Load() < n {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 30*time.Second, "every load entered", func() bool { return entered.Load() == n })
 	inLoad := (heap() - before) / n
 	hook.armed.Store(true)
 	close(loaded)
-	for hook.waiting.Load() < n {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 30*time.Second, "every store waiting", func() bool { return hook.waiting.Load() == n })
 	inStore := (heap() - before) / n
 	hook.armed.Store(false)
 	close(hook.release)
@@ -842,6 +844,7 @@ func TestHeapPerColdCall(t *testing.T) {
 // as ErrTooLarge naming the key and both sizes; by GetOrLoad and
 // GetOrLoadMany alike, on one node and on the cluster.
 func TestLoadedValueTooLargeToStore(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		var mu sync.Mutex
@@ -919,6 +922,7 @@ func TestSlowLoaderIgnoringContext(t *testing.T) {
 }
 
 func TestStaleCallerJoinsFailingRefresh(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "needs TTLs to run down in real time")
 	ctx := ctxT(t)
@@ -935,19 +939,20 @@ func TestStaleCallerJoinsFailingRefresh(t *testing.T) {
 		packcache.WithTTL(400*time.Millisecond), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 100 * time.Millisecond}),
 		packcache.WithPrefix("", packcache.Policy{StaleFor: 10 * time.Second}))
 	c.Set(ctx, "k", "A")
-	time.Sleep(150 * time.Millisecond)
+	// The value is kept for TTL + StaleFor; a shorter PTTL ages it.
+	rdb.PExpire(ctx, "k", 10250*time.Millisecond)          // 150 ms old: due for refresh
 	if v, err := c.Get(ctx, "k"); err != nil || v != "A" { // fresh; starts a refresh
 		t.Fatalf("Get = %q, %v", v, err)
 	}
 	<-entered
-	time.Sleep(400 * time.Millisecond) // now past TTL: stale
+	rdb.PExpire(ctx, "k", 9500*time.Millisecond) // 900 ms old: past TTL, stale
 	type res struct {
 		v   string
 		err error
 	}
 	done := make(chan res)
 	go func() { v, err := c.Get(ctx, "k"); done <- res{v, err} }()
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, 5*time.Second, "the stale caller joining the refresh", func() bool { return c.Stats().CoalescedWaits == 1 })
 	close(release)
 	r := <-done
 	if r.err != nil || r.v != "A" {
@@ -956,6 +961,7 @@ func TestStaleCallerJoinsFailingRefresh(t *testing.T) {
 }
 
 func TestLoaderGoexit(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[string](t, rdb, packcache.WithLoader[string](packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
@@ -990,6 +996,7 @@ func (panicky) MarshalJSON() ([]byte, error) { panic("MarshalJSON exploded") }
 // load run on a goroutine of the cache's, must neither kill the process nor
 // leave a lease: every caller gets a *PanicError naming the key.
 func TestMarshalPanic(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"get", "nocoalesce", "many"} {
 		t.Run(mode, func(t *testing.T) {
 			_, rdb := single(t)
@@ -1019,6 +1026,7 @@ func TestMarshalPanic(t *testing.T) {
 }
 
 func TestPerCallerUndecodableNotReloaded(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	rdb.Set(ctx, "n", `"not a number"`, 0)

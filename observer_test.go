@@ -59,6 +59,7 @@ func (r *recorder) outcomes(prefix string) map[packcache.ReadOutcome]int {
 // TestObserverEvents: each kind of event reaches the observer with its
 // prefix, codec and outcome.
 func TestObserverEvents(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops the server")
 	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
@@ -128,7 +129,6 @@ func TestObserverEvents(t *testing.T) {
 	c.Get(ctx, "ch:2")
 	c.Get(ctx, "ch:3")
 	s.Restart(t)
-	time.Sleep(10 * time.Millisecond)
 	rec.mu.Lock()
 	var errs, opened int
 	for _, e := range rec.redis {

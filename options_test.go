@@ -18,6 +18,7 @@ import (
 )
 
 func TestPrefixPolicy(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		rdb := tg.Client
@@ -72,6 +73,7 @@ func TestPrefixPolicy(t *testing.T) {
 }
 
 func TestNewRejectsInvalidOptions(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	if c, err := packcache.New[Channel](rdb); err != nil {
@@ -128,6 +130,7 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 // inherits the cache's setting, Off turns it off for the prefix, and
 // CompressAbove's CompressAll compresses every value.
 func TestPolicyInheritOffAll(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "reads TTLs in real time")
 	ctx := ctxT(t)
@@ -217,6 +220,7 @@ func TestPolicyInheritOffAll(t *testing.T) {
 // WithTTL, WithCompressAbove and a prefix's Policy alike; Off is no expiry
 // and no compression.
 func TestZeroMeansDefault(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[json.RawMessage](t, rdb, packcache.WithTTL(0), packcache.WithCompressAbove(0),
@@ -251,6 +255,7 @@ func TestZeroMeansDefault(t *testing.T) {
 // made the second cache read WithShareWindow(Off) as the default window:
 // packbench's hit-path rows were shared reads.)
 func TestOptionsReusable(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	opts := []packcache.Option{packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(0, 0),

@@ -40,10 +40,7 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 	if ld != nil {
 		g = &c.reads
 	}
-	r, err, shared := g.do(ctx, key, f)
-	if shared {
-		p.stats.coalescedWaits.Add(1)
-	}
+	r, err, shared := g.do(ctx, key, f) // f.joining counts a shared read
 	return c.deliver(key, p, r, err, shared)
 }
 
@@ -110,8 +107,15 @@ func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], err
 	return c.act(ctx, f, j)
 }
 
-// joining catches a loader that would wait for its own key's read.
-func (f flight[T]) joining(ctx context.Context, key string) error { return f.c.reentrant(ctx, key) }
+// joining counts a caller sharing the read and catches a loader that
+// would wait for its own key's read.
+func (f flight[T]) joining(ctx context.Context, key string, running bool) error {
+	f.p.stats.coalescedWaits.Add(1)
+	if !running {
+		return nil
+	}
+	return f.c.reentrant(ctx, key)
+}
 
 // act does with a judgement what rule says, for one key.
 func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {

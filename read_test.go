@@ -18,6 +18,7 @@ import (
 )
 
 func TestPlainJSONWrittenByOthers(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb)
@@ -41,6 +42,7 @@ func TestPlainJSONWrittenByOthers(t *testing.T) {
 }
 
 func TestGzipWrittenByOthers(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb)
@@ -54,6 +56,7 @@ func TestGzipWrittenByOthers(t *testing.T) {
 }
 
 func TestReaderWithOtherOptionsReadsEveryFormat(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		want := makeChannel(9, 50_000)
@@ -76,6 +79,7 @@ func TestReaderWithOtherOptionsReadsEveryFormat(t *testing.T) {
 }
 
 func TestRawPassThrough(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[json.RawMessage](t, rdb, packcache.WithDecodePerCaller())
@@ -104,6 +108,7 @@ func TestRawPassThrough(t *testing.T) {
 }
 
 func TestBadValues(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb, packcache.WithMaxValueSize(1<<20))
@@ -178,6 +183,7 @@ func TestBadValues(t *testing.T) {
 }
 
 func TestRedisFailureIsTyped(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(packcache.Off, 0))
@@ -197,6 +203,7 @@ func TestRedisFailureIsTyped(t *testing.T) {
 
 // Raw values that look like a lease, a tombstone or a header round-trip.
 func TestRawLookalikes(t *testing.T) {
+	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[[]byte](t, rdb, packcache.WithMaxValueSize(1000))

@@ -16,6 +16,7 @@ import (
 // third kind of redis.UniversalClient the cache is for. The sentinel is
 // redis-server in sentinel mode, started and stopped by this test.
 func TestSentinel(t *testing.T) {
+	t.Parallel()
 	master := redistest.Start(t)
 	saddr := redistest.StartSentinel(t, master, "packcache")
 	ctx := ctxT(t)

@@ -28,6 +28,7 @@ func corpusDir(t testing.TB) string {
 // decodes to exactly what encoding/json decodes, and each reads the
 // other's output.
 func TestJSONMatchesStdlib(t *testing.T) {
+	t.Parallel()
 	files, _ := filepath.Glob(filepath.Join(corpusDir(t), "*.json"))
 	if len(files) == 0 {
 		t.Skip("corpus is empty")
@@ -59,6 +60,7 @@ func TestJSONMatchesStdlib(t *testing.T) {
 }
 
 func TestJSONMatchesStdlibTyped(t *testing.T) {
+	t.Parallel()
 	for _, size := range []int{0, 500, 40 << 10, 128 << 10} {
 		ch := makeChannel(uint64(size), size)
 		a, err := packcache.JSON.Marshal(nil, &ch)

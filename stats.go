@@ -32,7 +32,7 @@ type Counters struct {
 	Loads          uint64 // loader calls that returned a value or ErrNotFound
 	LoadErrors     uint64 // loader calls that failed
 	NotFoundHits   uint64 // lookups answered by a remembered ErrNotFound
-	CoalescedWaits uint64 // callers that shared work another caller started
+	CoalescedWaits uint64 // callers that joined a read or load another caller began, counted as they join
 	LockWaits      uint64 // loads that waited for another process's lease (WithLock)
 	Refreshes      uint64 // background refreshes started
 	StaleServes    uint64 // stale values returned because a reload failed

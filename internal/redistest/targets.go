@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -65,6 +66,27 @@ var shared struct {
 	cluster *Cluster // nil when redis-server is missing
 }
 
+// turn is held by the test using the shared servers, holder, from its
+// first Targets call until it ends.
+var (
+	turn   = make(chan struct{}, 1)
+	holder atomic.Pointer[testing.TB]
+)
+
+// takeTurn waits until no other test holds the shared servers and holds
+// them for tb until tb ends.
+func takeTurn(tb testing.TB) {
+	if h := holder.Load(); h != nil && *h == tb {
+		return // tb holds them already
+	}
+	turn <- struct{}{}
+	holder.Store(&tb)
+	tb.Cleanup(func() { // registered first, so it runs after the Clients are closed
+		holder.Store(nil)
+		<-turn
+	})
+}
+
 var clusterOmittedOnce sync.Once
 
 // Targets returns the topologies a behavioural suite should run against: a
@@ -74,8 +96,10 @@ var clusterOmittedOnce sync.Once
 // in the test binary; call Shutdown from TestMain after m.Run to stop them.
 // Each call makes sure the servers are up (restarting any a previous test
 // stopped and resuming any it paused), flushes all data and resets command
-// statistics, so every test starts clean; tests using Targets must
-// therefore not run in parallel with each other. The Clients are new for
+// statistics, so every test starts clean. Tests using Targets take turns:
+// a call waits until the test holding the servers has ended, so such tests
+// may call t.Parallel and then run alongside tests with their own servers,
+// never alongside each other. A test may call Targets more than once. The Clients are new for
 // each call and closed when tb's test ends, so tests may add hooks to them
 // or close them.
 //
@@ -83,6 +107,7 @@ var clusterOmittedOnce sync.Once
 // single-node target (and fails the test when PACKCACHE_REQUIRE_REDIS=1).
 func Targets(tb testing.TB) []Target {
 	tb.Helper()
+	takeTurn(tb)
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if !shared.started {

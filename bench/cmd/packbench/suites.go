@@ -897,7 +897,7 @@ func (e *env) suiteSurge(ctx context.Context) error {
 	// 20,000 uncoalesced reads of 128 KB wait seconds for the 64 pooled
 	// connections: a budget long enough for that, so that the row measures
 	// what coalescing saves rather than the breaker shedding load.
-	noco, err := packcacheSubject(e, "packcache WithCoalescing(false)", ch, packcache.WithRedisTimeout(time.Minute))
+	noco, err := packcacheSubject(e, "packcache WithCoalescing(false)", ch, packcache.WithCoalescing(false), packcache.WithRedisTimeout(time.Minute))
 	if err != nil {
 		return err
 	}
