@@ -27,18 +27,19 @@
 //
 // # The path of a call
 //
-// The files follow a call. cache.go holds the Cache, New, Close and the
-// public calls. read.go is a Get: the near cache, then the read shared by
-// concurrent callers (coalesce.go, with share.go's window), fetch, judge
-// (what a stored value means) and rule (what the reader does with it). A
-// miss goes on to load.go: the one load, of one key or of a batch (the
-// load registry, settle, the loader, the after-load decision), whose
-// leases and guarded stores are in lease.go and whose encoding is in
-// write.go. Every Redis call goes through roundtrip.go (the budget, the
-// node's breaker in breaker.go, the judgement of a failure). batch.go is
-// GetMany, SetMany and GetOrLoadMany: the same rules over one pipeline per
-// node. near.go and invalidation.go are the near cache and the tracking
-// connections that keep it fresh.
+// The files follow a call. cache.go holds the Cache, New and Close.
+// read.go is Get: the near cache (near.go), then the read shared by
+// concurrent callers (coalesce.go: the group and its share window), fetch,
+// judge (what a stored value means) and rule (what the reader does with
+// it). A miss goes on to load.go: the one load, of one key or of a batch
+// (the load registry, the leases, the loader, the after-load decision).
+// write.go is Set and Delete, the encoding every write uses, and the
+// leases and guarded stores that keep a load from undoing a write. Every
+// Redis call goes through roundtrip.go (the budget, the node's breaker in
+// breaker.go, the judgement of a failure). batch.go is GetMany, SetMany and
+// GetOrLoadMany: the same rules over one pipeline per node.
+// invalidation.go holds the tracking connections that keep the near cache
+// fresh.
 package packcache
 
 import (
@@ -381,150 +382,6 @@ func (c *Cache[T]) policy(key string) *policy[T] {
 		}
 	}
 	return c.base
-}
-
-// Get returns the value stored under key.
-//
-// Without a loader for key, a key that holds no value returns ErrMiss. With
-// one (WithLoader, or the Loader of the key's Policy), Get reads through:
-// on a miss it calls the loader, stores the value with the key's policy and
-// returns it; see Loader for what else read-through does, and for the
-// lease that keeps a write made during the load from being undone.
-//
-// Concurrent Gets of one key in one process share one Redis read, one
-// decompression and one decode, and on a miss one loader call. Every
-// caller, the first included, waits for the shared work or until its own
-// context is done, when it returns ctx.Err() and the work goes on for the
-// others: the read runs detached from the first caller's cancellation,
-// bounded by the Redis budget (WithRedisTimeout), and the load likewise,
-// bounded by WithLoadTimeout. A first caller whose context cannot end reads
-// on its own goroutine. The value is shared among them, and with callers
-// that come within the share window (see Cache and WithShareWindow). A Set
-// or Delete of the key through this cache detaches the reads and loads
-// under way from later callers.
-//
-// When Redis fails, or key's node's circuit breaker is open, a read-through
-// Get answers from the loader within the Redis budget plus the load time;
-// a Get without a loader returns an error matching ErrRedis (and
-// ErrCircuitOpen when the breaker is open).
-//
-// A stored value that cannot be decoded is an error naming the key and
-// matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
-// without a loader, the value is left in Redis untouched.
-//
-// WARNING: a loader that calls Get for the key it is loading gets
-// ErrReentrantLoad; see Loader.
-func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
-	if !c.life.enter() {
-		var zero T
-		return zero, keyErr("get", key, ErrClosed)
-	}
-	defer c.life.exit()
-	p := c.policy(key)
-	return c.get(ctx, key, p, p.loader)
-}
-
-// GetOrLoad is Get with fn as the loader for this call, whatever loader
-// the cache has.
-//
-// WARNING: concurrent calls for one key share one load, of whichever fn
-// came first: the fn of a caller that joined another's load is not called.
-func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx context.Context) (T, error)) (T, error) {
-	if fn == nil {
-		var zero T
-		return zero, errors.New("packcache: GetOrLoad with nil function")
-	}
-	if !c.life.enter() {
-		var zero T
-		return zero, keyErr("get", key, ErrClosed)
-	}
-	defer c.life.exit()
-	p := c.policy(key)
-	return c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
-}
-
-// A SetOption changes how one Set or SetMany stores its values.
-type SetOption func(*setOptions)
-
-type setOptions struct {
-	ttl    time.Duration
-	ttlSet bool
-}
-
-// SetTTL stores the value for d, or with no expiry for Off, instead of
-// the key's policy's TTL (zero: the policy's). An invalid TTL fails the
-// call.
-func SetTTL(d time.Duration) SetOption {
-	return func(o *setOptions) {
-		if d != 0 { // zero: the policy's, as everywhere
-			o.ttl, o.ttlSet = d, true
-		}
-	}
-}
-
-// Set stores value under key with the key's policy: serialized, compressed
-// when above the policy's threshold and when that saves at least its
-// minimum, with its TTL.
-//
-// Once Set returns, no load of key that began before it, in any process,
-// stores its value over this one, and no Get of this process that starts
-// afterwards returns an older value: Set overwrites the lease of a load in
-// progress (see Loader) and detaches this process's reads and loads of
-// the key from later callers. If Set fails, Redis may or may not hold the
-// value; later Gets in this process read afresh either way.
-func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOption) error {
-	if !c.life.enter() {
-		return keyErr("set", key, ErrClosed)
-	}
-	defer c.life.exit()
-	p := c.policy(key)
-	so := setOptions{ttl: p.ttl}
-	for _, o := range opts {
-		o(&so)
-	}
-	if err := checkTTL("SetTTL", so.ttl); err != nil {
-		return keyErr("set", key, err)
-	}
-	e, err := c.encode(ctx, "set", key, p, value)
-	if err != nil {
-		return err
-	}
-	e.detach()
-	defer e.release()
-	err = c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
-	c.forget(key)
-	return err
-}
-
-// Delete removes keys. Keys that do not exist are not an error. On Redis
-// Cluster the keys may live in different slots.
-//
-// Once Delete returns, no load of these keys that began before it, in any
-// process, stores its value, and no Get of this process that starts
-// afterwards returns a value read or loaded before it; see Set.
-func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	if !c.life.enter() {
-		return keyErr("delete", keys[0], ErrClosed)
-	}
-	defer c.life.exit()
-	defer func() {
-		for _, k := range keys {
-			c.forget(k)
-		}
-	}()
-	if len(keys) == 1 {
-		return c.del(ctx, keys[0])
-	}
-	return c.delMany(ctx, keys)
-}
-
-func (c *Cache[T]) del(ctx context.Context, key string) error {
-	return c.roundTrip(ctx, "delete", key, c.policy(key), func(ctx context.Context) error {
-		return c.rdb.Del(ctx, key).Err()
-	})
 }
 
 // Stats returns a snapshot of the cache's counters.

@@ -48,7 +48,7 @@ func FuzzGet(f *testing.F) {
 	// backs, and must not be answered with the previous iteration's value.
 	cb := mustNew[[]byte](f, rdb, packcache.WithMaxValueSize(fuzzLimit), packcache.WithShareWindow(packcache.Off))
 	cc := mustNew[Channel](f, rdb, packcache.WithMaxValueSize(fuzzLimit), packcache.WithShareWindow(packcache.Off))
-	typed := []error{packcache.ErrUnknownHeader, packcache.ErrCorrupt, packcache.ErrTooLarge, packcache.ErrSerialization}
+	typed := []error{packcache.ErrUnknownHeader, codec.ErrUnknownDictionary, packcache.ErrCorrupt, packcache.ErrTooLarge, packcache.ErrSerialization}
 	kindOf := func(err error) error {
 		for _, k := range typed {
 			if errors.Is(err, k) {

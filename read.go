@@ -20,6 +20,66 @@ import (
 // holds, and act on the judgement by rule: serve it, fail, or load
 // (load.go). deliver counts the caller's outcome and hands it its value.
 
+// Get returns the value stored under key.
+//
+// Without a loader for key, a key that holds no value returns ErrMiss. With
+// one (WithLoader, or the Loader of the key's Policy), Get reads through:
+// on a miss it calls the loader, stores the value with the key's policy and
+// returns it; see Loader for what else read-through does, and for the
+// lease that keeps a write made during the load from being undone.
+//
+// Concurrent Gets of one key in one process share one Redis read, one
+// decompression and one decode, and on a miss one loader call. Every
+// caller, the first included, waits for the shared work or until its own
+// context is done, when it returns ctx.Err() and the work goes on for the
+// others: the read runs detached from the first caller's cancellation,
+// bounded by the Redis budget (WithRedisTimeout), and the load likewise,
+// bounded by WithLoadTimeout. A first caller whose context cannot end reads
+// on its own goroutine. The value is shared among them, and with callers
+// that come within the share window (see Cache and WithShareWindow). A Set
+// or Delete of the key through this cache detaches the reads and loads
+// under way from later callers.
+//
+// When Redis fails, or key's node's circuit breaker is open, a read-through
+// Get answers from the loader within the Redis budget plus the load time;
+// a Get without a loader returns an error matching ErrRedis (and
+// ErrCircuitOpen when the breaker is open).
+//
+// A stored value that cannot be decoded is an error naming the key and
+// matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
+// without a loader, the value is left in Redis untouched.
+//
+// WARNING: a loader that calls Get for the key it is loading gets
+// ErrReentrantLoad; see Loader.
+func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
+	if !c.life.enter() {
+		var zero T
+		return zero, keyErr("get", key, ErrClosed)
+	}
+	defer c.life.exit()
+	p := c.policy(key)
+	return c.get(ctx, key, p, p.loader)
+}
+
+// GetOrLoad is Get with fn as the loader for this call, whatever loader
+// the cache has.
+//
+// WARNING: concurrent calls for one key share one load, of whichever fn
+// came first: the fn of a caller that joined another's load is not called.
+func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx context.Context) (T, error)) (T, error) {
+	if fn == nil {
+		var zero T
+		return zero, errors.New("packcache: GetOrLoad with nil function")
+	}
+	if !c.life.enter() {
+		var zero T
+		return zero, keyErr("get", key, ErrClosed)
+	}
+	defer c.life.exit()
+	p := c.policy(key)
+	return c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
+}
+
 // get is Get and GetOrLoad, with ld the loader (nil: none).
 func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
 	if err := ctx.Err(); err != nil {

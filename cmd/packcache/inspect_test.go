@@ -132,7 +132,7 @@ func TestInspectUndecodable(t *testing.T) {
 			want  []string
 		}{
 			{"u:user", []byte("\x12payload"), []string{"unknown header byte 0x12", "FORMAT.md section 6", "user codec 0x12"}},
-			{"u:reserved", []byte("\x05payload"), []string{"unknown header byte 0x05", "FORMAT.md section 7", "future built-in codecs"}},
+			{"u:reserved", []byte("\x06payload"), []string{"unknown header byte 0x06", "FORMAT.md section 7", "future built-in codecs"}},
 			{"u:ext", []byte("\x0bpayload"), []string{"FORMAT.md section 7", "extended header"}},
 			{"u:version", []byte("\x7fpayload"), []string{"version escape"}},
 			{"u:nul", []byte("\x00"), []string{"never assigned"}},

@@ -29,7 +29,7 @@ func TestRecompress(t *testing.T) {
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		small := jsonDoc(1, 300)
 		large := jsonDoc(2, 20_000)
-		binSmall := []byte("\x05binary, begins with a header byte")
+		binSmall := []byte("\x06binary, begins with a header byte")
 		binPlainStart := []byte("msgpack-ish binary \xff\xfe not JSON")
 		values := map[string][]byte{
 			"r:small-plain":     small,                                  // stays plain, untouched

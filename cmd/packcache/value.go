@@ -64,7 +64,7 @@ func compressed(k kind, b byte) bool {
 }
 
 // mixLabel names a value's storage in a codec mix: plain, none, lz4,
-// snappy, zstd, gzip, tombstone, lease, user 0x12, unknown 0x05, empty.
+// snappy, zstd, gzip, tombstone, lease, user 0x12, unknown 0x06, empty.
 func mixLabel(k kind, b byte) string {
 	switch k {
 	case kindEmpty:
@@ -128,8 +128,8 @@ func headerNote(b byte, n int) string {
 	switch {
 	case b == 0x00:
 		s = `FORMAT.md section 2: 00 is "Reserved, never assigned: NUL usually means zeroed or corrupt memory."`
-	case b >= 0x05 && b <= 0x08:
-		s = `FORMAT.md section 7: 05-08 are reserved for "future built-in codecs"; a newer writer may use them.`
+	case b >= 0x06 && b <= 0x08:
+		s = `FORMAT.md section 7: 06-08 are reserved for "future built-in codecs"; a newer writer may use them.`
 	case b == 0x0b:
 		s = `FORMAT.md section 7: 0B is reserved for the extended header. "Today readers treat 0B as an unknown header, so writers must not write it until every reader understands it."`
 	case b == codec.HeaderTombstone && n > 1:
