@@ -82,6 +82,7 @@ type Cache[T any] struct {
 	strict       bool
 	lockWait     time.Duration
 	onError      func(ctx context.Context, key string, err error)
+	serveError   ServeErrorFunc
 	obs          Observer // nil: none
 	base         *policy[T]
 	prefixes     []*policy[T] // longest prefix first
@@ -141,6 +142,11 @@ type result[T any] struct {
 	// expires is when the value read expires in Redis, in unix
 	// nanoseconds, when known (0 otherwise): it is shared no later.
 	expires int64
+	// stored is the value as Redis holds it, when read from there: Serve
+	// may send it as it is. edge is what Serve keeps of a near-cache
+	// entry (nil: nothing yet). See serve.go.
+	stored string
+	edge   *edge
 }
 
 // shareUntil says until when, in unix nanoseconds, a finished read with
@@ -202,6 +208,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		strict:       cfg.strict,
 		lockWait:     cfg.lockWait,
 		onError:      cfg.errorHandler,
+		serveError:   cfg.serveError,
 		obs:          cfg.observer,
 		nodes:        newNodes(rdb, cfg.breaker, cfg.observer),
 	}

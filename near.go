@@ -18,7 +18,9 @@ import (
 type LocalCache struct {
 	// MaxBytes bounds the estimated bytes of the entries held, 64 MiB by
 	// default: an entry weighs its serialized length plus its key's and a
-	// small overhead. Entries are evicted by the W-TinyLFU policy of
+	// small overhead, and, once Serve has served a key of the near cache,
+	// also the value as stored and the bodies Serve made from it (see
+	// Cache.Serve). Entries are evicted by the W-TinyLFU policy of
 	// github.com/maypok86/otter/v2 once the total passes it. As a Policy's
 	// Local, Off turns the near cache off for the prefix.
 	MaxBytes int64
@@ -124,11 +126,15 @@ type near[T any] struct {
 	inv     *invalidator // the invalidation stream, shared by the cache's near caches; set by New before any call
 	gate    *gate        // whether it may serve now; set by New before any call
 	marks   *marks       // the cache's write marks, which tickets are checked against
+	// edged is set by the first Serve of a key of this near cache: from
+	// then on its entries keep what Serve needs (see edge).
+	edged atomic.Bool
 }
 
 type nearEntry[T any] struct {
 	val    T
 	data   []byte // the serialized value, when each caller decodes its own
+	edge   *edge  // what Serve keeps, once the near cache is edged
 	weight uint32
 	// expires is when the entry ends, in unix nanoseconds: given as a time,
 	// not a duration from when the entry is set, so that it ends then
@@ -171,13 +177,18 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Ti
 		return
 	}
 	w := len(key) + size + entryOverhead
+	var eg *edge
+	if n.edged.Load() && r.stored != "" {
+		eg = &edge{stored: r.stored}
+		w += len(r.stored)
+	}
 	if int64(w) > n.lc.MaxBytes {
 		return
 	}
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
 		until = most
 	}
-	e := nearEntry[T]{val: r.val, data: r.data, weight: uint32(min(w, 1<<32-1)), expires: until.UnixNano()}
+	e := nearEntry[T]{val: r.val, data: r.data, edge: eg, weight: uint32(min(w, 1<<32-1)), expires: until.UnixNano()}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.

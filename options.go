@@ -113,6 +113,7 @@ type config struct {
 	perCaller    bool
 	strict       bool
 	errorHandler func(ctx context.Context, key string, err error)
+	serveError   ServeErrorFunc // WithServeError (serve.go); nil: the status text
 	lockWait     time.Duration
 	breaker      breakerConfig
 	observer     Observer

@@ -58,7 +58,8 @@ func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
 	}
 	defer c.life.exit()
 	p := c.policy(key)
-	return c.get(ctx, key, p, p.loader)
+	r, err := c.get(ctx, key, p, p.loader)
+	return c.value(key, r, err)
 }
 
 // GetOrLoad is Get with fn as the loader for this call, whatever loader
@@ -77,31 +78,33 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 	}
 	defer c.life.exit()
 	p := c.policy(key)
-	return c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
+	r, err := c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
+	return c.value(key, r, err)
 }
 
-// get is Get and GetOrLoad, with ld the loader (nil: none).
-func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (T, error) {
+// get is Get, GetOrLoad and Serve, with ld the loader (nil: none): the
+// caller's result, counted, for the caller to hand out in its own form
+// (Get's is value's).
+func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (result[T], error) {
 	if err := ctx.Err(); err != nil {
 		// Already over: no read, no load, nothing counted, as in the
 		// batch calls.
-		var zero T
-		return zero, err
+		return result[T]{}, err
 	}
 	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
-		return c.deliver(key, p, r, err, r.from != fromNear)
+		return c.count(p, r, err, r.from != fromNear)
 	}
 	f := flight[T]{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
 		r, err := f.run(ctx, nil)
-		return c.deliver(key, p, r, err, false)
+		return c.count(p, r, err, false)
 	}
 	g := &c.lookups
 	if ld != nil {
 		g = &c.reads
 	}
 	r, err, shared := g.do(ctx, key, f) // f.joining counts a shared read
-	return c.deliver(key, p, r, err, shared)
+	return c.count(p, r, err, shared)
 }
 
 // fast answers a Get from the near cache or from a read of the key still
@@ -110,7 +113,7 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
 	if p.near != nil {
 		if e, ok := p.near.get(key); ok {
-			return result[T]{val: e.val, data: e.data, from: fromNear}, nil, true
+			return result[T]{val: e.val, data: e.data, edge: e.edge, from: fromNear}, nil, true
 		}
 	}
 	if !c.coalesce {
@@ -279,6 +282,7 @@ func (c *Cache[T]) judge(key string, p *policy[T], rp reply, readThrough bool) j
 		j.expires = rp.sent.Add(left)
 	}
 	derr := c.decode(key, p, bytesOf(s), &j.r)
+	j.r.stored = s // for Serve, which may send it as it is
 	if left >= 0 {
 		j.r.expires = j.expires.UnixNano()
 	}
@@ -448,10 +452,16 @@ func (c *Cache[T]) unmarshal(data []byte, v *T) error {
 	return nil
 }
 
-// deliver counts a caller's outcome and gives it its value: its own copy
-// when each caller decodes its own. shared says whether the caller shared
-// work another began.
+// deliver counts a caller's outcome and gives it its value (see count
+// and value).
 func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, shared bool) (T, error) {
+	r, err = c.count(p, r, err, shared)
+	return c.value(key, r, err)
+}
+
+// count counts a caller's outcome, for Stats and the Observer. shared says
+// whether the caller shared work another began.
+func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (result[T], error) {
 	c.observeRead(p, r, err, shared || r.joined)
 	switch {
 	case err == nil:
@@ -468,6 +478,12 @@ func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, sha
 	case errors.Is(err, ErrNotFound):
 		p.stats.notFoundHits.Add(1)
 	}
+	return r, err
+}
+
+// value gives a caller the value of its result: its own copy when each
+// caller decodes its own.
+func (c *Cache[T]) value(key string, r result[T], err error) (T, error) {
 	if err != nil {
 		var zero T
 		return zero, err
