@@ -104,6 +104,9 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 		k := keys[i]
 		p := c.policy(k)
 		j := c.judge(k, p, rp, readThrough)
+		if c.owed.has(k) {
+			j = judgement[T]{v: vOwed} // see get
+		}
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
 			c.keepNear(k, p, tickets[i], j)
 		}
@@ -247,6 +250,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 			c.forget(k)
 		}
 	}()
+	held := c.owed.holdMany(ctx, keys)
 	for i, err := range c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		p := c.policy(keys[i])
 		ttl := p.ttl
@@ -255,8 +259,11 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 		}
 		return pipe.Set(ctx, keys[i], encs[i].stored, redisTTL(c.expiry(p, ttl)))
 	}) {
+		if held[i] {
+			c.owed.wrote(keys[i], encs[i].stored, err == nil)
+		}
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, c.owe("set", keys[i], c.policy(keys[i]), so.ttl, err))
 			continue
 		}
 		c.policy(keys[i]).stats.sets.Add(1)
@@ -268,9 +275,16 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 // fails on a cluster when the keys' slots differ, and the pipeline still
 // costs one round trip per node.
 func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
+	held := c.owed.holdMany(ctx, keys)
 	errs := c.roundTripMany(ctx, "delete", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		return pipe.Del(ctx, keys[i])
 	})
+	for i, err := range errs {
+		if held[i] {
+			c.owed.wrote(keys[i], nil, err == nil)
+		}
+		errs[i] = c.owe("delete", keys[i], c.policy(keys[i]), 0, err)
+	}
 	return errors.Join(errs...)
 }
 

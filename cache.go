@@ -94,6 +94,7 @@ type Cache[T any] struct {
 	loads   registry[T]                 // loads, shared by the reads that found the same state
 
 	life life
+	owed owed // invalidations that failed on a Redis failure, retried (pending.go)
 
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
@@ -218,6 +219,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	}
 	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
+	c.owed.init()
 	var err error
 	if c.base, err = resolve[T]("", cfg.base); err != nil {
 		return nil, cfg.envErr("", err)
@@ -344,8 +346,19 @@ func (l *life) trySpawn() bool {
 // bounded by the load timeout and the Redis budget, and Close waits no
 // longer than their sum. Work still running then (a loader that ignores
 // its context) has its context cancelled, and Close returns an error
-// saying so. Close does not close the Redis client. It is idempotent and
-// safe to call concurrently with any call, and with itself.
+// saying so. Calls under way are not cancelled before that bound: a server
+// should stop taking requests and let those in progress finish (for
+// net/http, Shutdown the http.Server) before it closes the cache, or those
+// requests fail with ErrClosed.
+//
+// Invalidations still pending (see ErrPending) are tried once more, for
+// at most the Redis budget plus the time one needs to settle (about 100
+// ms); those that could not be applied are reported in Close's error,
+// which matches ErrRedis and names how many there were. Redis may still
+// hold the values their writes meant to replace, until their TTLs end.
+//
+// Close does not close the Redis client. It is idempotent and safe to call
+// concurrently with any call, and with itself.
 func (c *Cache[T]) Close() error {
 	if old := c.life.state.Or(closedBit); old&^closedBit == 0 {
 		c.life.once.Do(func() { close(c.life.idle) })
@@ -355,17 +368,17 @@ func (c *Cache[T]) Close() error {
 	defer t.Stop()
 	select {
 	case <-c.life.idle:
-		return nil
+		return c.closeOwed()
 	case <-t.C:
 	}
 	c.life.cancel()
 	t.Reset(c.redisTimeout)
 	select {
 	case <-c.life.idle:
-		return nil
+		return c.closeOwed()
 	case <-t.C:
-		return fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout)
+		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
+			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout), c.closeOwed())
 	}
 }
 
@@ -404,6 +417,12 @@ func (c *Cache[T]) Stats() Stats {
 		s.NearBytes += n.entries.WeightedSize()
 	}
 	s.NearServing = c.inv != nil && len(c.nears) > 0 && c.inv.serving(c.nears[0].lc.MaxLag)
+	o := &c.owed
+	o.mu.Lock() // the counts change under it: their identity holds
+	s.Pending, s.PendingKept = o.count(), o.kept.Load()
+	s.PendingApplied, s.PendingExpired = o.applied.Load(), o.expired.Load()
+	o.mu.Unlock()
+	s.PendingDropped = o.dropped.Load()
 	return s
 }
 

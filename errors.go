@@ -47,6 +47,25 @@ var (
 	// ErrRedis.
 	ErrCircuitOpen = errors.New("packcache: redis circuit open")
 
+	// ErrPending marks the error of a Delete, or of a Set, SetMany or
+	// Delete of several keys, that failed on a Redis failure (a timeout, a
+	// refused connection, an open circuit breaker; not the caller's own
+	// context) after which the cache keeps the key and invalidates it once
+	// Redis answers again: the caller need not retry. The error also
+	// matches ErrRedis. Until the invalidation lands, this process answers
+	// Gets of the key from the loader without storing (ErrMiss without
+	// one), never from what Redis holds. A Set of the key that succeeds
+	// meanwhile stands: the invalidation deletes whatever the key holds
+	// unless it is exactly what that Set stored (an older write landing
+	// late is deleted). Stats counts them (Pending, PendingKept, ...).
+	//
+	// WARNING: the guarantee is this process's. Another process may read
+	// the value the failed write meant to replace in the moment Redis
+	// answers again, before the invalidation lands (about 100 ms); and a
+	// process that exits with invalidations pending loses them: Close
+	// tries them once more and reports those it could not apply.
+	ErrPending = errors.New("packcache: invalidation pending")
+
 	// ErrClosed is returned by every call made after Close. It matches
 	// nothing else.
 	ErrClosed = errors.New("packcache: cache is closed")

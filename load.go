@@ -163,6 +163,8 @@ type loadJob[T any] struct {
 	seen   string           // another process's lease it found, while settling
 	join   *call[result[T]] // another load of this process that now holds the key
 	stored bool             // its value (or tombstone) was written
+	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
+	kept   bool             // not stored, and counted why (Superseded or TooLarge)
 	res    result[T]
 	err    error
 }
@@ -197,7 +199,6 @@ func (c *Cache[T]) awaitLoad(ctx context.Context, key string, p *policy[T], j ju
 	r, err := wait(ctx, cl)
 	r.joined = joined
 	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
-		p.stats.staleServes.Add(1)
 		c.report(ctx, key, err)
 		s := j.r
 		s.stale = true
@@ -313,6 +314,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 		// about to get, the timeout, whatever fn returned.
 		for _, i := range loading {
 			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
+			l.jobs[i].p.stats.loadErrors.Add(1)
 		}
 		c.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
 		return
@@ -341,7 +343,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 			// the very bytes the load began from and left the TTL no
 			// higher.)
 			p.stats.superseded.Add(1)
-			j.g = guard{}
+			j.g, j.kept = guard{}, true
 		}
 		v, ok := vals[j.key]
 		if ok && c.ptr && isNilPointer(v) {
@@ -349,6 +351,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 			continue
 		}
 		p.stats.loads.Add(1)
+		j.loaded = true
 		if !ok {
 			j.err = ErrNotFound
 			if j.g.kind != guardNone && p.negativeTTL > 0 && !noStore {
@@ -360,7 +363,9 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 		var e encoded
 		if j.g.kind != guardNone && !noStore {
 			var eerr error
-			if e, eerr = c.encode(ctx, "load", j.key, p, v); eerr != nil && c.unstored(ctx, j.key, p, eerr) {
+			e, eerr = c.encode(ctx, "load", j.key, p, v)
+			j.kept = errors.Is(eerr, ErrTooLarge)
+			if eerr != nil && c.unstored(ctx, j.key, p, eerr) {
 				j.err = eerr
 				continue
 			}
@@ -391,8 +396,16 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 		case err == nil:
 			l.jobs[w.job].stored = true
 		case errors.Is(err, errSuperseded):
+			l.jobs[w.job].kept = true
 		case c.unstored(ctx, w.key, l.jobs[w.job].p, err):
 			l.jobs[w.job].res, l.jobs[w.job].err = result[T]{}, err
+		}
+	}
+	// Every loaded key ends one way: stored, superseded, too large, or
+	// (counted here) not stored for any other reason.
+	for _, i := range loading {
+		if j := &l.jobs[i]; j.loaded && !j.stored && !j.kept {
+			j.p.stats.unstored.Add(1)
 		}
 	}
 }
@@ -410,7 +423,6 @@ func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
 		err = keyErr("load", j.key, err)
 	}
 	if j.from.v == vStale {
-		j.p.stats.staleServes.Add(1)
 		l.c.report(ctx, j.key, err)
 		s := j.from.r
 		s.stale = true
@@ -550,6 +562,8 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 	case vUnavailable:
 		l.c.report(ctx, j.key, jd.err)
 		j.g, j.load = guard{}, true
+	case vOwed: // loads, and stores nothing until the invalidation lands
+		j.g, j.load = guard{}, true
 	case vCancelled: // the load's own context ended (its timeout, or Close)
 		j.res, j.err = result[T]{}, l.c.loadEnded(ctx, j.key)
 	case vMiss:
@@ -665,6 +679,9 @@ type tokenKey struct{ key, token string }
 // unprovenToken is the token of loads that begin with Redis unreachable.
 const unprovenToken = "down"
 
+// owedToken is the token of loads of a key whose invalidation is owed.
+const owedToken = "owed"
+
 // loadToken names the state a load begins from, so that only reads that
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
@@ -677,6 +694,8 @@ func loadToken[T any](j judgement[T]) string {
 		return j.lease
 	case vUnavailable:
 		return unprovenToken
+	case vOwed:
+		return owedToken
 	default:
 		return "sha1:" + j.digest
 	}

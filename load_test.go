@@ -175,8 +175,8 @@ func TestLockHolderDies(t *testing.T) {
 	if raw := rawGet(t, rdb, "k"); raw[0] == codec.HeaderLease {
 		t.Fatalf("the dead lease is still there: %q", raw)
 	}
-	if st := c.Stats(); st.LockWaits != 1 || st.Sets != 1 {
-		t.Fatalf("stats: %d lock waits, %d sets", st.LockWaits, st.Sets)
+	if st := c.Stats(); st.LockWaits != 1 || st.Stores != 1 {
+		t.Fatalf("stats: %d lock waits, %d stores", st.LockWaits, st.Stores)
 	}
 	// Waiting is bounded by the caller's context.
 	rdb.Set(ctx, "j", dead, time.Minute)

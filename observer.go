@@ -87,6 +87,13 @@ type RedisEvent struct {
 	// Breaker is "open" or "closed" when the event is the node's circuit
 	// breaker changing state, "" for a failed operation.
 	Breaker string
+
+	// Pending is the number of invalidations the cache holds for retry
+	// (see ErrPending) after the event, on every event that changes it:
+	// a failed write kept for retry (Err is its error, matching
+	// ErrPending), one past the bound (Err says it is not kept), and
+	// invalidations landing (Err nil, Breaker "").
+	Pending int
 }
 
 // WithObserver makes the cache tell o what it does; see Observer.
@@ -151,4 +158,12 @@ func (c *Cache[T]) observeCodec(p *policy[T], stored []byte, plain int, decode b
 		}
 	}
 	c.obs.ObserveCodec(CodecEvent{Prefix: p.prefix, Codec: name, Decode: decode, Plain: plain, Stored: len(stored), Duration: time.Since(start)})
+}
+
+// observePending tells the observer how many invalidations are pending
+// after one was kept or refused (err) or some landed (err nil).
+func (c *Cache[T]) observePending(p *policy[T], err error) {
+	if c.obs != nil {
+		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Err: err, Pending: c.owed.count()})
+	}
 }

@@ -3,7 +3,10 @@ package packcache_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,5 +147,101 @@ func TestObserverEvents(t *testing.T) {
 	// does not try Redis.
 	if errs != 1 || opened != 1 {
 		t.Errorf("redis events: %d errors, %d opens; want 1 and 1: %+v", errs, opened, rec.redis)
+	}
+}
+
+// TestCountersAddUp runs a mixed workload (hits, misses, loads that fail,
+// find nothing, say DoNotCache or are too large, writes racing loads,
+// stale values, batches, the near cache) and checks the identities Stats
+// documents, and the counts the test can make itself.
+func TestCountersAddUp(t *testing.T) {
+	t.Parallel()
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	var loaderCalls atomic.Int64
+	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		loaderCalls.Add(1)
+		switch {
+		case strings.Contains(key, "err:"):
+			return "", errors.New("source down")
+		case strings.HasPrefix(key, "none:"):
+			return "", packcache.ErrNotFound
+		case strings.HasPrefix(key, "partial:"):
+			return "partial", packcache.DoNotCache
+		case strings.HasPrefix(key, "big:"):
+			return strings.Repeat("x", 2048), nil
+		}
+		return "v:" + key, nil
+	})
+	c, err := packcache.New[string](rdb, packcache.WithLoader[string](ld), packcache.WithMaxValueSize(1024),
+		packcache.WithTTL(time.Minute), packcache.WithPrefix("near:", packcache.Policy{}),
+		packcache.WithLocalCache(packcache.LocalCache{}),
+		packcache.WithPrefix("stale:", packcache.Policy{StaleFor: time.Minute, TTL: time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gets, sets atomic.Int64
+	kinds := []string{"ok:", "err:", "none:", "partial:", "big:", "near:", "stale:"}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 300 {
+				k := fmt.Sprintf("%s%d", kinds[(w+i)%len(kinds)], i%7)
+				switch i % 5 {
+				case 0, 1, 2:
+					gets.Add(1)
+					c.Get(ctx, k)
+				case 3:
+					if c.Set(ctx, k, "set:"+k) == nil {
+						sets.Add(1)
+					}
+				case 4:
+					keys := []string{k, k + "x", k} // a duplicate: counted once
+					gets.Add(2)
+					c.GetMany(ctx, keys)
+					c.Delete(ctx, k)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// A stale value whose reload fails.
+	c.Set(ctx, "stale:err:1", "old")
+	rdb.PExpire(ctx, "stale:err:1", 30*time.Second) // past its 1 s TTL, within StaleFor
+	gets.Add(1)
+	if v, err := c.Get(ctx, "stale:err:1"); err != nil || v != "old" {
+		t.Fatalf("stale Get = %q, %v", v, err)
+	}
+	sets.Add(1)
+	if err := c.Close(); err != nil { // refreshes and loads under way end
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	t.Logf("%+v", st.Counters)
+	if sum := st.NearHits + st.Hits + st.StaleServes + st.Misses + st.NotFoundHits + st.GetErrors; st.Gets != sum {
+		t.Errorf("Gets %d != NearHits + Hits + StaleServes + Misses + NotFoundHits + GetErrors = %d", st.Gets, sum)
+	}
+	if st.Gets != uint64(gets.Load()) {
+		t.Errorf("Gets %d, but the test made %d", st.Gets, gets.Load())
+	}
+	if sum := st.Stores + st.Superseded + st.TooLarge + st.Unstored; st.Loads != sum {
+		t.Errorf("Loads %d != Stores + Superseded + TooLarge + Unstored = %d", st.Loads, sum)
+	}
+	if st.Loads+st.LoadErrors != uint64(loaderCalls.Load()) {
+		t.Errorf("Loads %d + LoadErrors %d != %d loader calls", st.Loads, st.LoadErrors, loaderCalls.Load())
+	}
+	if st.Sets != uint64(sets.Load()) {
+		t.Errorf("Sets %d, but %d Set calls succeeded", st.Sets, sets.Load())
+	}
+	for _, n := range []struct {
+		name string
+		v    uint64
+	}{{"NearHits", st.NearHits}, {"Hits", st.Hits}, {"StaleServes", st.StaleServes}, {"Misses", st.Misses},
+		{"NotFoundHits", st.NotFoundHits}, {"GetErrors", st.GetErrors}, {"Stores", st.Stores}, {"TooLarge", st.TooLarge}, {"Unstored", st.Unstored}} {
+		if n.v == 0 {
+			t.Errorf("the workload never produced %s: the test would not catch its miscounting", n.name)
+		}
 	}
 }

@@ -91,6 +91,11 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 		// batch calls.
 		return result[T]{}, err
 	}
+	if c.owed.has(key) {
+		// What Redis holds may be what a failed write meant to replace.
+		r, err := c.act(ctx, flight[T]{c: c, key: key, p: p, ld: ld}, judgement[T]{v: vOwed})
+		return c.count(p, r, err, r.joined)
+	}
 	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
 		return c.count(p, r, err, r.from != fromNear)
 	}
@@ -216,7 +221,7 @@ func (c *Cache[T]) rule(ctx context.Context, key string, j judgement[T], readThr
 		switch j.v {
 		case vUndecodable, vUnavailable:
 			return false, j.err
-		default: // vStale, vLease, vMiss
+		default: // vStale, vLease, vMiss, vOwed
 			return false, ErrMiss
 		}
 	}
@@ -243,6 +248,7 @@ const (
 	vUndecodable                // bytes this reader cannot decode
 	vUnavailable                // Redis failed, or the node's breaker is open
 	vCancelled                  // the caller's context ended before Redis answered
+	vOwed                       // an invalidation of the key is owed (pending.go): Redis is not trusted
 )
 
 // A judgement is a verdict with what the reader needs to act on it.
@@ -463,12 +469,15 @@ func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, sha
 // whether the caller shared work another began.
 func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (result[T], error) {
 	c.observeRead(p, r, err, shared || r.joined)
+	p.stats.gets.Add(1)
 	switch {
 	case err == nil:
-		switch r.from {
-		case fromLoader:
+		switch {
+		case r.stale:
+			p.stats.staleServes.Add(1)
+		case r.from == fromLoader:
 			p.stats.misses.Add(1)
-		case fromNear:
+		case r.from == fromNear:
 			p.stats.nearHits.Add(1)
 		default:
 			p.stats.hits.Add(1)
@@ -477,6 +486,8 @@ func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (res
 		p.stats.misses.Add(1)
 	case errors.Is(err, ErrNotFound):
 		p.stats.notFoundHits.Add(1)
+	default:
+		p.stats.getErrors.Add(1)
 	}
 	return r, err
 }

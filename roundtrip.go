@@ -212,7 +212,7 @@ func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], 
 	bud := c.budget(ctx)
 	defer bud.end()
 	b := c.nodes.forKey(bud, key)
-	if !b.allow() {
+	if op != opInvalidate && !b.allow() {
 		return circuitOpen(op, key)
 	}
 	o, err := c.judgeCall(ctx, bud, op, key, f(bud))
@@ -256,7 +256,7 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 	pipe := c.rdb.Pipeline()
 	cmds := make([]redis.Cmder, len(keys))
 	for i, k := range keys {
-		if !nb.allowed(i) {
+		if op != opInvalidate && !nb.allowed(i) {
 			errs[i] = circuitOpen(op, k)
 			continue
 		}

@@ -17,25 +17,54 @@ type Stats struct {
 	// NearServing reports whether the near cache (WithLocalCache) can
 	// serve now: its invalidation stream is up and proven within MaxLag.
 	NearServing bool
+
+	// Invalidations of failed writes (see ErrPending). Every key kept for
+	// retry is, at any moment, exactly one of pending, applied or expired:
+	// PendingKept = Pending + PendingApplied + PendingExpired. (A key that
+	// fails again while pending is not kept twice.)
+	Pending        int    // kept and not yet applied, now
+	PendingKept    uint64 // keys kept for retry
+	PendingApplied uint64 // retries that landed
+	PendingExpired uint64 // dropped once the longest TTL the old value could have had had passed
+	PendingDropped uint64 // failed writes not kept, the bound being reached (their errors say so)
 }
 
-// Counters counts what a cache did since it was created.
+// Counters counts what a cache did since it was created. Each counter is
+// one sentence a reader can check, and they add up:
+//
+//	Gets  = NearHits + Hits + StaleServes + Misses + NotFoundHits + GetErrors
+//	Loads = Stores + Superseded + TooLarge + Unstored
+//
+// A load is counted per key. Sets counts only Set and SetMany; values
+// stored by loads are Stores. RedisErrors counts failed Redis calls, which
+// a Get may make more than one of, or none (the near cache).
 type Counters struct {
-	Hits         uint64 // Get and GetMany calls answered with a value read from Redis
-	NearHits     uint64 // Get and GetMany calls answered by the near cache (not counted in Hits)
-	NearBytes    uint64 // estimated bytes the near caches hold now (WithLocalCache; in the total only)
-	Misses       uint64 // lookups that found no value
-	Sets         uint64 // values written
-	DecodeErrors uint64 // stored values that could not be decoded
-	RedisErrors  uint64 // failed Redis calls
+	// Gets counts Get and GetOrLoad calls and the distinct keys of GetMany
+	// and GetOrLoadMany calls; each ends as exactly one of the six below.
+	// (A call whose context had ended before it began is not counted.)
+	Gets         uint64
+	NearHits     uint64 // answered by the near cache (WithLocalCache)
+	Hits         uint64 // answered with a value read from Redis (shared reads included)
+	StaleServes  uint64 // answered with a value past its TTL, within StaleFor, because its reload failed
+	Misses       uint64 // found no value: answered by a load (its own or one it joined), or ErrMiss without a loader
+	NotFoundHits uint64 // answered ErrNotFound: a remembered ErrNotFound, or the loader's
+	GetErrors    uint64 // answered with any other error, the caller's own context ending included
 
-	Loads          uint64 // loader calls that returned a value or ErrNotFound
-	LoadErrors     uint64 // loader calls that failed
-	NotFoundHits   uint64 // lookups answered by a remembered ErrNotFound
-	CoalescedWaits uint64 // callers that joined a read or load another caller began, counted as they join
-	LockWaits      uint64 // loads that waited for another process's lease (WithLock)
-	Refreshes      uint64 // background refreshes started
-	StaleServes    uint64 // stale values returned because a reload failed
+	NearBytes    uint64 // estimated bytes the near caches hold now (WithLocalCache; in the total only)
+	Sets         uint64 // values written by Set and SetMany
+	DecodeErrors uint64 // stored values read that could not be decoded
+	RedisErrors  uint64 // failed Redis calls (not counting those refused by an open breaker)
+
+	// Loads counts the keys for which a loader returned a value or
+	// ErrNotFound; each ends as exactly one of Stores, Superseded,
+	// TooLarge and Unstored. LoadErrors counts the keys for which it
+	// failed (an error, a panic, the load timeout, a nil pointer).
+	Loads      uint64
+	LoadErrors uint64
+
+	// Stores counts loaded values (and remembered ErrNotFounds) written
+	// to Redis.
+	Stores uint64
 
 	// Superseded counts loads whose value was not stored because the key
 	// was written (or its lease taken over) after the load began: the
@@ -45,6 +74,17 @@ type Counters struct {
 	// TooLarge counts loaded values not stored because they serialize to
 	// more than WithMaxValueSize: their callers got them all the same.
 	TooLarge uint64
+
+	// Unstored counts loads not stored for any other reason: the loader
+	// said DoNotCache, ErrNotFound without a NegativeTTL, Redis was
+	// unreachable or its invalidation pending (see ErrPending), another
+	// process held the key's lease, the store failed, or the value could
+	// not be serialized.
+	Unstored uint64
+
+	CoalescedWaits uint64 // callers that joined a read or load another caller began, counted as they join
+	LockWaits      uint64 // loads that waited for another process's lease (WithLock)
+	Refreshes      uint64 // background refreshes started
 
 	// Codecs counts written values by the codec they were stored with;
 	// values stored uncompressed count under "none".
@@ -59,6 +99,7 @@ type CodecStats struct {
 }
 
 type counters struct {
+	gets, getErrors, stores, unstored               atomic.Uint64
 	hits, misses, sets, decodeErrors, redisErrors   atomic.Uint64
 	nearHits                                        atomic.Uint64
 	loads, loadErrors, notFoundHits, coalescedWaits atomic.Uint64
@@ -80,6 +121,10 @@ func (c *counters) wrote(id byte, in, out int) {
 
 func (c *counters) snapshot() Counters {
 	s := Counters{
+		Gets:           c.gets.Load(),
+		GetErrors:      c.getErrors.Load(),
+		Stores:         c.stores.Load(),
+		Unstored:       c.unstored.Load(),
 		Hits:           c.hits.Load(),
 		NearHits:       c.nearHits.Load(),
 		Misses:         c.misses.Load(),
@@ -117,6 +162,10 @@ func (c *counters) snapshot() Counters {
 }
 
 func (s *Counters) add(o Counters) {
+	s.Gets += o.Gets
+	s.GetErrors += o.GetErrors
+	s.Stores += o.Stores
+	s.Unstored += o.Unstored
 	s.Hits += o.Hits
 	s.NearHits += o.NearHits
 	s.Misses += o.Misses

@@ -63,9 +63,13 @@ func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOpti
 	}
 	e.detach()
 	defer e.release()
+	held := c.owed.hold(ctx, key)
 	err = c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
 	c.forget(key)
-	return err
+	if held {
+		c.owed.wrote(key, e.stored, err == nil)
+	}
+	return c.owe("set", key, p, so.ttl, err)
 }
 
 // Delete removes keys. Keys that do not exist are not an error. On Redis
@@ -94,9 +98,15 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 }
 
 func (c *Cache[T]) del(ctx context.Context, key string) error {
-	return c.roundTrip(ctx, "delete", key, c.policy(key), func(ctx context.Context) error {
+	p := c.policy(key)
+	held := c.owed.hold(ctx, key)
+	err := c.roundTrip(ctx, "delete", key, p, func(ctx context.Context) error {
 		return c.rdb.Del(ctx, key).Err()
 	})
+	if held {
+		c.owed.wrote(key, nil, err == nil)
+	}
+	return c.owe("delete", key, p, 0, err)
 }
 
 // marshal appends v's serialized form to dst. For raw T it returns v's
@@ -441,7 +451,7 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []er
 			errs[i] = errSuperseded
 			continue
 		}
-		p.stats.sets.Add(1)
+		p.stats.stores.Add(1)
 		c.wrote(w.key)
 	}
 	return errs

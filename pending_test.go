@@ -1,0 +1,348 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// A source of truth for the invalidation tests: the database a service
+// updates before it invalidates the cache.
+type source struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (s *source) put(k, v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]string{}
+	}
+	s.m[k] = v
+}
+
+func (s *source) Load(_ context.Context, k string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[k]
+	if !ok {
+		return "", packcache.ErrNotFound
+	}
+	return v, nil
+}
+
+// TestInvalidationSurvivesStoppedRedis: with Redis stopped (SIGSTOP), a
+// Delete and a Set fail with ErrPending, and a Get in this process never
+// returns the old value, during the outage or after it; after SIGCONT the
+// keys are gone from Redis within a second, with no further call.
+func TestInvalidationSurvivesStoppedRedis(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	admin := s.Client(t)
+	ctx := ctxT(t)
+	db := &source{}
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](db), packcache.WithRedisTimeout(300*time.Millisecond),
+		packcache.WithCircuitBreaker(1, time.Minute))
+	for _, k := range []string{"deleted", "set", "sent"} {
+		db.put(k, "old")
+		if err := c.Set(ctx, k, "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Pause(t)
+	paused := true
+	defer func() {
+		if paused {
+			s.Resume(t)
+		}
+	}()
+	// The database is updated first, then the cache invalidated.
+	db.put("sent", "new")
+	// Sent to the stopped server, timed out; opens the breaker.
+	if err := c.Delete(ctx, "sent"); !errors.Is(err, packcache.ErrPending) || !errors.Is(err, packcache.ErrRedis) {
+		t.Fatalf("Delete with Redis stopped: %v, want ErrPending and ErrRedis", err)
+	}
+	// Refused by the open breaker: never sent. Without a retry these keys
+	// would keep their old values for their whole TTL.
+	db.put("deleted", "new")
+	err := c.Delete(ctx, "deleted")
+	if !errors.Is(err, packcache.ErrPending) || !errors.Is(err, packcache.ErrCircuitOpen) || !strings.Contains(err.Error(), `"deleted"`) {
+		t.Fatalf("Delete with the breaker open: %v, want ErrPending and ErrCircuitOpen naming the key", err)
+	}
+	db.put("set", "new")
+	if err := c.Set(ctx, "set", "new"); !errors.Is(err, packcache.ErrPending) {
+		t.Fatalf("Set with the breaker open: %v, want ErrPending", err)
+	}
+	if st := c.Stats(); st.Pending != 3 || st.PendingKept != 3 {
+		t.Fatalf("Stats: %d pending, %d kept; want 3 and 3", st.Pending, st.PendingKept)
+	}
+	for _, k := range []string{"deleted", "set", "sent"} {
+		if v, err := c.Get(ctx, k); err != nil || v != "new" {
+			t.Fatalf("Get %s during the outage = %q, %v; want the loader's new value", k, v, err)
+		}
+	}
+	s.Resume(t)
+	paused = false
+	resumed := time.Now()
+	// Until the invalidations land, Redis still holds "old" for two of
+	// the keys: this process must not serve it.
+	var gone atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !gone.Load() {
+			for _, k := range []string{"deleted", "set", "sent"} {
+				if v, err := c.Get(ctx, k); err == nil && v == "old" {
+					t.Errorf("Get %s after Redis resumed returned the old value", k)
+					return
+				}
+			}
+		}
+	}()
+	waitFor(t, time.Second, "the invalidations landing after SIGCONT", func() bool {
+		n, err := admin.Exists(ctx, "deleted", "set", "sent").Result()
+		return err == nil && n == 0
+	})
+	t.Logf("keys gone from Redis %v after SIGCONT", time.Since(resumed))
+	waitFor(t, time.Second, "Stats counting them applied", func() bool { return c.Stats().Pending == 0 })
+	gone.Store(true)
+	<-done
+	st := c.Stats()
+	if st.PendingApplied != 3 {
+		t.Errorf("Stats after landing: %d applied, want 3", st.PendingApplied)
+	}
+	if st.PendingKept != uint64(st.Pending)+st.PendingApplied+st.PendingExpired {
+		t.Errorf("PendingKept %d != Pending %d + Applied %d + Expired %d", st.PendingKept, st.Pending, st.PendingApplied, st.PendingExpired)
+	}
+	// Once landed, the keys are cached again as usual.
+	if v, err := c.Get(ctx, "deleted"); err != nil || v != "new" {
+		t.Fatalf("Get after landing = %q, %v", v, err)
+	}
+	waitFor(t, time.Second, "the reload stored", func() bool { return admin.Get(ctx, "deleted").Val() == `"new"` })
+}
+
+// TestInvalidationPendingOnClusterMaster: on a 3-master cluster, the
+// invalidations of keys on a stopped master land after it resumes, while
+// the keys of the other masters are served and written as usual.
+func TestInvalidationPendingOnClusterMaster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Universal(t, func(o *redis.UniversalOptions) { o.MaxRetries = -1 })
+	ctx := ctxT(t)
+	db := &source{}
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](db), packcache.WithRedisTimeout(300*time.Millisecond),
+		packcache.WithCircuitBreaker(1, time.Minute))
+	// A key on each master.
+	keys := map[*redistest.Server]string{}
+	for i := 0; len(keys) < 3; i++ {
+		k := fmt.Sprintf("node:%d", i)
+		if n := cl.NodeForKey(t, k); keys[n] == "" {
+			keys[n] = k
+		}
+	}
+	var stopped *redistest.Server
+	var others []string
+	for n, k := range keys {
+		db.put(k, "old")
+		if err := c.Set(ctx, k, "old"); err != nil {
+			t.Fatal(err)
+		}
+		if stopped == nil {
+			stopped = n
+		} else {
+			others = append(others, k)
+		}
+	}
+	lost := keys[stopped]
+	stopped.Pause(t)
+	paused := true
+	defer func() {
+		if paused {
+			stopped.Resume(t)
+		}
+	}()
+	db.put(lost, "new")
+	if err := c.Delete(ctx, lost); !errors.Is(err, packcache.ErrPending) {
+		t.Fatalf("Delete on the stopped master: %v, want ErrPending", err)
+	}
+	for _, k := range others {
+		db.put(k, "new")
+		start := time.Now()
+		if err := c.Delete(ctx, k); err != nil {
+			t.Fatalf("Delete %s on a running master: %v", k, err)
+		}
+		if v, err := c.Get(ctx, k); err != nil || v != "new" {
+			t.Fatalf("Get %s on a running master = %q, %v", k, v, err)
+		}
+		if d := time.Since(start); d > 250*time.Millisecond {
+			t.Errorf("a Delete and a Get on a running master took %v while another is stopped", d)
+		}
+	}
+	if st := c.Stats(); st.Pending != 1 {
+		t.Fatalf("%d invalidations pending, want 1 (the stopped master's)", st.Pending)
+	}
+	stopped.Resume(t)
+	paused = false
+	admin := stopped.Client(t)
+	waitFor(t, 5*time.Second, "the stopped master's invalidation landing", func() bool {
+		n, err := admin.Exists(ctx, lost).Result()
+		return err == nil && n == 0
+	})
+	if v, err := c.Get(ctx, lost); err != nil || v != "new" {
+		t.Fatalf("Get %s after landing = %q, %v", lost, v, err)
+	}
+}
+
+// TestPendingInvalidationsBounded: 100,000 failed invalidations are kept
+// within the documented bound (the heap grows by less than 64 MiB), each
+// call returns promptly, and Close during the outage returns within its
+// bound and says how many it could not apply.
+func TestPendingInvalidationsBounded(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation sizes; run without -race")
+	}
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	ctx := ctxT(t)
+	c, err := packcache.New[string](rdb, packcache.WithRedisTimeout(200*time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	s.Pause(t)
+	defer s.Resume(t)
+	c.Delete(ctx, "opens-the-breaker")
+	before := heap()
+	const n = 100_000
+	var slowest time.Duration
+	for i := range n {
+		start := time.Now()
+		err := c.Delete(ctx, fmt.Sprintf("channel:%06d", i))
+		if d := time.Since(start); d > slowest {
+			slowest = d
+		}
+		if !errors.Is(err, packcache.ErrPending) {
+			t.Fatalf("Delete %d: %v, want ErrPending", i, err)
+		}
+	}
+	grew := int64(heap()) - int64(before)
+	t.Logf("%d pending invalidations: heap +%.1f MiB (%d B each); slowest Delete %v", n, float64(grew)/(1<<20), grew/n, slowest)
+	if grew > 64<<20 {
+		t.Errorf("heap grew by %d MiB for %d pending invalidations, want < 64 MiB", grew>>20, n)
+	}
+	if slowest > 50*time.Millisecond {
+		t.Errorf("a Delete with the breaker open took %v", slowest)
+	}
+	if st := c.Stats(); st.Pending != n+1 {
+		t.Errorf("Stats.Pending = %d, want %d", st.Pending, n+1)
+	}
+	start := time.Now()
+	err = c.Close()
+	took := time.Since(start)
+	t.Logf("Close during the outage: %v after %v", err, took)
+	if err == nil || !errors.Is(err, packcache.ErrRedis) || !strings.Contains(err.Error(), fmt.Sprint(n+1)+" pending invalidations not applied") {
+		t.Errorf("Close with %d invalidations pending and Redis stopped: %v", n+1, err)
+	}
+	if took > 2*time.Second {
+		t.Errorf("Close took %v; its bound is the Redis budget (200ms) plus settling", took)
+	}
+}
+
+// TestPendingInvalidationLandsOnClose: Close applies what is still
+// pending when Redis answers again, and then reports nothing.
+func TestPendingInvalidationLandsOnClose(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	admin := s.Client(t)
+	ctx := ctxT(t)
+	c, err := packcache.New[string](rdb, packcache.WithRedisTimeout(200*time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Set(ctx, "k", "old")
+	s.Pause(t)
+	c.Delete(ctx, "opens-the-breaker")
+	if err := c.Delete(ctx, "k"); !errors.Is(err, packcache.ErrPending) {
+		t.Fatalf("Delete: %v", err)
+	}
+	s.Resume(t)
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close with Redis answering: %v", err)
+	}
+	if n := admin.Exists(ctx, "k").Val(); n != 0 {
+		t.Fatal("Close returned nil with the invalidation not applied")
+	}
+}
+
+// TestPendingNotForCallerContext: a write that fails because the caller's
+// own context ended is not a Redis failure, and is not kept.
+func TestPendingNotForCallerContext(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "CLIENT PAUSE")
+	admin := s.Client(t)
+	c := mustNew[string](t, rdb)
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "200", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err := c.Delete(short, "k")
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, packcache.ErrPending) || errors.Is(err, packcache.ErrRedis) {
+		t.Fatalf("Delete with a caller deadline: %v, want the deadline, not ErrPending", err)
+	}
+	if st := c.Stats(); st.Pending != 0 || st.PendingKept != 0 {
+		t.Fatalf("a caller's deadline kept an invalidation: %+v", st)
+	}
+}
+
+// TestPendingSparesLaterSet: a Set that timed out on a stopped Redis (and
+// lands when it resumes) is pending; a later Set of the key that succeeds
+// stands: the invalidation deletes the late landing, never the newer
+// value.
+func TestPendingSparesLaterSet(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	admin := s.Client(t)
+	ctx := ctxT(t)
+	c := mustNew[string](t, rdb, packcache.WithRedisTimeout(200*time.Millisecond), packcache.WithCircuitBreaker(100, time.Minute))
+	s.Pause(t)
+	if err := c.Set(ctx, "k", "v1"); !errors.Is(err, packcache.ErrPending) {
+		s.Resume(t)
+		t.Fatalf("Set with Redis stopped: %v, want ErrPending", err)
+	}
+	s.Resume(t) // v1, written to the stopped server, lands now
+	waitFor(t, 5*time.Second, "a Set succeeding after resume", func() bool { return c.Set(ctx, "k", "v2") == nil })
+	waitFor(t, 2*time.Second, "the invalidation landing", func() bool { return c.Stats().Pending == 0 })
+	if got := admin.Get(ctx, "k").Val(); got != `"v2"` {
+		t.Fatalf("Redis holds %q after the invalidation landed, want the later Set's \"v2\"", got)
+	}
+	if v, err := c.Get(ctx, "k"); err != nil || v != "v2" {
+		t.Fatalf("Get = %q, %v", v, err)
+	}
+}

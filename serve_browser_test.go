@@ -1,0 +1,112 @@
+package packcache_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/browsertest"
+)
+
+// TestBrowserServe drives headless Chromium to a page that fetches a
+// channel through Serve and checks its JSON, over http on loopback and
+// over https with a certificate the test makes, the two kinds of origin
+// Chromium offers zstd to. The server side checks that what it sent was
+// Content-Encoding: zstd with the stored frame as its body. Without
+// Chromium the test is skipped, unless PACKCACHE_REQUIRE_BROWSER=1 (CI).
+func TestBrowserServe(t *testing.T) {
+	t.Parallel()
+	b := browsertest.Start(t)
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.Zstd))
+	ch := makeChannel(16, 128<<10)
+	if err := c.Set(ctx, "channel:16", ch); err != nil {
+		t.Fatal(err)
+	}
+	stored := rawGet(t, rdb, "channel:16")
+	if stored[0] != codec.HeaderZstd {
+		t.Fatalf("stored with header %#x, want zstd", stored[0])
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", browsertest.Page)
+	mux.HandleFunc("GET /channel/{id}", func(w http.ResponseWriter, r *http.Request) {
+		c.Serve(w, r, "channel:"+r.PathValue("id"))
+	})
+	rec := browsertest.Record(mux)
+	for _, tc := range []struct {
+		name string
+		srv  *httptest.Server
+	}{
+		{"http://127.0.0.1", httptest.NewServer(rec)},
+		{"https", browsertest.NewTLSServer(t, rec)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer tc.srv.Close()
+			ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			// The page parses the JSON itself and reports what it found.
+			var seen struct {
+				Encoding string `json:"encoding"`
+				ID       string `json:"id"`
+				Messages int    `json:"messages"`
+				Last     string `json:"last"`
+				Text     string `json:"text"`
+			}
+			err := b.Eval(ectx, tc.srv.URL+"/", fmt.Sprintf(`fetch(%q, {cache: "no-store"}).then(async r => {
+	if (!r.ok) throw new Error("status " + r.status);
+	const text = await r.text();
+	const doc = JSON.parse(text);
+	return {encoding: r.headers.get("content-encoding"), id: doc.id, messages: doc.messages.length,
+		last: doc.messages[doc.messages.length - 1].text, text: text};
+})`, tc.srv.URL+"/channel/16"), &seen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last := ch.Messages[len(ch.Messages)-1].Text
+			if seen.Encoding != "zstd" || seen.ID != ch.ID || seen.Messages != len(ch.Messages) || seen.Last != last {
+				t.Errorf("the page saw encoding %q, channel %q with %d messages ending %q; want zstd, %q, %d, %q",
+					seen.Encoding, seen.ID, seen.Messages, seen.Last, ch.ID, len(ch.Messages), last)
+			}
+			var got Channel
+			if err := json.Unmarshal([]byte(seen.Text), &got); err != nil || !reflect.DeepEqual(got, ch) {
+				t.Errorf("the text the page decoded is not the channel's JSON (%v)", err)
+			}
+
+			e, ok := rec.Last("/channel/16")
+			if !ok {
+				t.Fatal("the server saw no request for the channel")
+			}
+			if ae := e.RequestHeader.Get("Accept-Encoding"); !strings.Contains(ae, "zstd") {
+				t.Errorf("Chromium sent Accept-Encoding %q, without zstd", ae)
+			}
+			if e.Status != http.StatusOK || e.Header.Get("Content-Encoding") != "zstd" {
+				t.Errorf("the server sent status %d, Content-Encoding %q; want 200, zstd", e.Status, e.Header.Get("Content-Encoding"))
+			}
+			if !bytes.Equal(e.Body, stored[1:]) {
+				t.Errorf("the server sent %d bytes, not the stored frame (%d bytes)", len(e.Body), len(stored)-1)
+			}
+			if e.Header.Get("Content-Type") != "application/json" || e.Header.Get("Vary") != "Accept-Encoding" || e.Header.Get("Etag") == "" {
+				t.Errorf("headers sent: %v", e.Header)
+			}
+
+			// Browsertest's own Fetch: the body as the page decoded it.
+			resp, err := b.Fetch(ectx, tc.srv.URL+"/", tc.srv.URL+"/channel/16")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Status != 200 || resp.Header["content-encoding"] != "zstd" || resp.Body != seen.Text {
+				t.Errorf("Fetch: status %d, content-encoding %q, %d bytes of body", resp.Status, resp.Header["content-encoding"], len(resp.Body))
+			}
+		})
+	}
+}
