@@ -86,6 +86,7 @@ type Cache[T any] struct {
 	obs          Observer // nil: none
 	base         *policy[T]
 	prefixes     []*policy[T] // longest prefix first
+	dicts        dictSet      // zstd dictionaries: the policies' own and those fetched from Redis (dict.go)
 	nodes        *nodes
 	ticks        ticks // the shared ends of Redis budgets
 
@@ -127,6 +128,8 @@ type policy[T any] struct {
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
 	near         *near[T]      // nil: no near cache
+	dict         *ownDict      // nil: no dictionary; else codec is its codec
+	undict       codec.Codec   // with dict: the zstd codec of its level, for when it cannot be published
 	stats        counters
 }
 
@@ -221,11 +224,11 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	c.life.init()
 	c.owed.init()
 	var err error
-	if c.base, err = resolve[T]("", cfg.base); err != nil {
+	if c.base, err = resolve[T]("", cfg.base, &c.dicts); err != nil {
 		return nil, cfg.envErr("", err)
 	}
 	for _, prefix := range cfg.sortedPrefixes() {
-		p, err := resolve[T](prefix, cfg.prefixes[prefix].merge(cfg.base))
+		p, err := resolve[T](prefix, cfg.prefixPolicy(prefix), &c.dicts)
 		if err != nil {
 			return nil, cfg.envErr(prefix, err)
 		}
@@ -257,8 +260,9 @@ func checkClient(rdb redis.UniversalClient) error {
 	return nil
 }
 
-// resolve turns a merged Policy into the cache's form of it.
-func resolve[T any](prefix string, p Policy) (*policy[T], error) {
+// resolve turns a merged Policy into the cache's form of it. Its
+// dictionary, if any, joins dicts.
+func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error) {
 	rp := &policy[T]{
 		prefix:    prefix,
 		codec:     p.Codec,
@@ -268,8 +272,23 @@ func resolve[T any](prefix string, p Policy) (*policy[T], error) {
 		ttl:       p.TTL,
 		jitter:    max(p.TTLJitter, 0),
 	}
-	if p.CompressAbove == CompressAll {
+	switch p.CompressAbove {
+	case CompressAll:
 		rp.threshold = 0
+	case 0:
+		rp.threshold = defaultCompressAbove
+		if p.Dictionary != nil {
+			rp.threshold = codec.DictionaryCompressAbove
+		}
+	}
+	if p.Dictionary != nil {
+		d, dc, err := dicts.writer(p.Dictionary, p.Codec)
+		if err != nil {
+			return nil, fmt.Errorf("packcache: prefix %q: %w", prefix, err)
+		}
+		if rp.compress {
+			rp.dict, rp.codec, rp.undict = d, dc, p.Codec
+		}
 	}
 	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
 	if p.Loader != nil && p.Loader != any(Off) {

@@ -329,6 +329,10 @@ func child(mode string) int {
 			return fail(err)
 		}
 		fmt.Println("got " + v.ID)
+	case "dict-read":
+		if err := dictChild(rdb, args[1:]); err != nil {
+			return fail(err)
+		}
 	default:
 		return fail(errors.New("unknown child mode " + mode))
 	}

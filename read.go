@@ -49,6 +49,16 @@ import (
 // matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
 // without a loader, the value is left in Redis untouched.
 //
+// A value written with a zstd dictionary (Policy.Dictionary) is decoded
+// with it, whatever this cache's policies say: a dictionary the cache does
+// not hold is fetched from Redis once, shared by concurrent Gets (they
+// wait for it for up to the Redis budget, whatever their contexts) and
+// verified against the id the value names. If Redis does not hold it, or
+// holds something else under its key, the error matches
+// codec.ErrUnknownDictionary and names the id, and the value is kept: a
+// read-through Get answers from the loader and stores nothing over it, as
+// when Redis fails.
+//
 // WARNING: a loader that calls Get for the key it is loading gets
 // ErrReentrantLoad; see Loader.
 func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
@@ -295,6 +305,11 @@ func (c *Cache[T]) judge(key string, p *policy[T], rp reply, readThrough bool) j
 	if derr != nil {
 		p.stats.decodeErrors.Add(1)
 		j.v, j.err = vUndecodable, derr
+		if lacksDictionary(derr) {
+			// The bytes may be sound: kept, as when Redis fails (a load
+			// stores nothing over them).
+			j.v = vUnavailable
+		}
 	} else if p.staleFor > 0 && left >= 0 && left <= p.staleFor {
 		j.v = vStale
 	} else {
@@ -391,7 +406,7 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 	if c.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
-		b, err := codec.DecodeValue(nil, data, c.maxSize)
+		b, err := c.decodeValue(nil, p, data)
 		if err != nil {
 			return keyErr("get", key, err)
 		}
@@ -412,14 +427,14 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 	if codec.Plain(data) || len(data) == 0 {
 		// A plain value is its own payload: no buffer needed.
 		var err error
-		if payload, err = codec.DecodeValue(nil, data, c.maxSize); err != nil {
+		if payload, err = c.decodeValue(nil, p, data); err != nil {
 			return keyErr("get", key, err)
 		}
 	} else {
 		buf := getBuf()
 		defer putBuf(buf)
 		var err error
-		if payload, err = codec.DecodeValue((*buf)[:0], data, c.maxSize); err != nil {
+		if payload, err = c.decodeValue((*buf)[:0], p, data); err != nil {
 			return keyErr("get", key, err)
 		}
 		if cap(payload) > cap(*buf) {

@@ -190,11 +190,15 @@ func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T
 		plainLen++
 	}
 	if p.compress && len(payload) > p.threshold && len(payload) > 0 {
-		out, cerr := codec.AppendValue((*fbuf)[:0], p.codec, payload)
+		cd := p.codec
+		if p.dict != nil && !c.published(ctx, op, key, p) {
+			cd = p.undict // a value stored with a dictionary Redis may not hold could be unreadable elsewhere
+		}
+		out, cerr := codec.AppendValue((*fbuf)[:0], cd, payload)
 		if cerr == nil {
 			*fbuf = out[:0]
 			if len(out)+p.minSaving <= plainLen {
-				p.stats.wrote(p.codec.ID(), len(payload), len(out))
+				p.stats.wrote(cd.ID(), len(payload), len(out))
 				e.stored = out
 				return e, nil
 			}

@@ -1,0 +1,675 @@
+package packcache_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// Profile is a small value, as services cache per user: 150 to 400 bytes
+// of JSON, most of it field names and values that recur from one profile
+// to the next, which is what a dictionary holds.
+type Profile struct {
+	ID        int       `json:"id"`
+	Username  string    `json:"username"`
+	Email     string    `json:"email,omitempty"`
+	Name      string    `json:"name,omitempty"`
+	Plan      string    `json:"plan,omitempty"`
+	City      string    `json:"city,omitempty"`
+	Lang      string    `json:"lang,omitempty"`
+	Created   string    `json:"created,omitempty"`
+	Verified  bool      `json:"verified,omitempty"`
+	Followers int       `json:"followers,omitempty"`
+	Roles     []string  `json:"roles,omitempty"`
+	Settings  *Settings `json:"settings,omitempty"`
+	Bio       string    `json:"bio,omitempty"`
+}
+
+type Settings struct {
+	Theme         string `json:"theme"`
+	Notifications bool   `json:"notifications"`
+	TZ            string `json:"tz"`
+}
+
+var (
+	firstNames = strings.Fields("alice bob carol dave erin frank grace heidi ivan judy mallory oscar peggy trent victor walter")
+	lastNames  = strings.Fields("smith jones garcia miller davis lopez wilson anderson thomas moore martin lee walker young king")
+	cities     = []string{"Berlin", "Lisbon", "Austin", "Osaka", "Lagos", "Toronto", "Madrid", "Seoul", "Lyon", "Denver"}
+	langs      = strings.Fields("en-US en-GB de-DE fr-FR pt-BR ja-JP es-ES pl-PL")
+	plans      = strings.Fields("free pro team enterprise")
+)
+
+// profiles returns n profiles whose JSON is 150 to 400 bytes, the same
+// for a seed.
+func profiles(n int, seed uint64) []Profile {
+	r := rand.New(rand.NewPCG(seed, 7))
+	out := make([]Profile, 0, n)
+	for i := 0; len(out) < n; i++ {
+		p := 0.5 + r.Float64()/2 // each optional part's chance of being there
+		has := func() bool { return r.Float64() < p }
+		first, last := firstNames[r.IntN(len(firstNames))], lastNames[r.IntN(len(lastNames))]
+		v := Profile{ID: 100000 + 7*i + r.IntN(7), Username: fmt.Sprintf("%s.%s%d", first, last, r.IntN(100))}
+		if has() {
+			v.Email, v.Name = first+"."+last+"@example.com", first+" "+last
+		}
+		if has() {
+			v.Plan, v.City, v.Lang = plans[r.IntN(len(plans))], cities[r.IntN(len(cities))], langs[r.IntN(len(langs))]
+		}
+		if has() {
+			v.Created = fmt.Sprintf("20%02d-%02d-%02dT%02d:%02d:00Z", 15+r.IntN(10), 1+r.IntN(12), 1+r.IntN(28), r.IntN(24), r.IntN(60))
+			v.Verified = r.IntN(3) > 0
+		}
+		if has() {
+			v.Followers = r.IntN(5000)
+			v.Roles = []string{"user", "admin", "billing"}[:1+r.IntN(3)]
+		}
+		if has() {
+			v.Settings = &Settings{Theme: []string{"dark", "light", "system"}[r.IntN(3)], Notifications: r.IntN(2) == 0, TZ: fmt.Sprintf("UTC%+d", r.IntN(24)-11)}
+		}
+		if has() {
+			ws := make([]string, 2+r.IntN(8))
+			for w := range ws {
+				ws[w] = words[r.IntN(len(words))]
+			}
+			v.Bio = strings.Join(ws, " ")
+		}
+		if b, _ := json.Marshal(v); len(b) >= 150 && len(b) <= 400 {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// profileDictionary trains a 4 KiB dictionary on 500 profiles of seed.
+func profileDictionary(t testing.TB, seed uint64) []byte {
+	t.Helper()
+	var samples [][]byte
+	for _, p := range profiles(500, seed) {
+		b, _ := json.Marshal(p)
+		samples = append(samples, b)
+	}
+	d, err := codec.TrainDictionary(samples, 4<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func dictID(t testing.TB, d []byte) uint32 {
+	t.Helper()
+	pd, err := codec.ParseDictionary(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pd.ID()
+}
+
+// setProfiles stores vs under prefix0 ... prefixN-1.
+func setProfiles(t testing.TB, c *packcache.Cache[Profile], prefix string, vs []Profile) {
+	t.Helper()
+	ctx := ctxT(t)
+	for i, v := range vs {
+		if err := c.Set(ctx, prefix+strconv.Itoa(i), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkProfiles fails the test unless c reads back vs under prefix.
+func checkProfiles(t testing.TB, c *packcache.Cache[Profile], prefix string, vs []Profile) {
+	t.Helper()
+	ctx := ctxT(t)
+	for i, want := range vs {
+		got, err := c.Get(ctx, prefix+strconv.Itoa(i))
+		if err != nil {
+			t.Fatalf("Get %s%d: %v", prefix, i, err)
+		}
+		if a, b := mustJSON(t, got), mustJSON(t, want); !bytes.Equal(a, b) {
+			t.Fatalf("Get %s%d: %s, want %s", prefix, i, a, b)
+		}
+	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// profilesDigest is what the child process prints for profiles read back.
+func profilesDigest(t testing.TB, vs []Profile) string {
+	h := sha256.New()
+	for _, v := range vs {
+		h.Write(mustJSON(t, v))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func memoryUsage(t testing.TB, rdb redis.UniversalClient, prefix string, n int) int64 {
+	t.Helper()
+	var sum int64
+	for i := range n {
+		m, err := rdb.MemoryUsage(context.Background(), prefix+strconv.Itoa(i)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum += m
+	}
+	return sum
+}
+
+// TestDictionaryStoredRatio: 1,000 profiles of 150-400 bytes under a
+// prefix with a trained dictionary take at most 0.6 of the memory they
+// take plain (MEMORY USAGE, keys included), read back equal, and a cache
+// without the dictionary reads them all, in this process and in another.
+func TestDictionaryStoredRatio(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "MEMORY USAGE")
+	d := profileDictionary(t, 1)
+	vs := profiles(1000, 2)
+	w := mustNew[Profile](t, rdb,
+		packcache.WithPrefix("d:", packcache.Policy{Dictionary: d}),
+		packcache.WithPrefix("n:", packcache.Policy{Codec: codec.None}))
+	setProfiles(t, w, "d:", vs)
+	setProfiles(t, w, "n:", vs)
+	for i := range vs {
+		if id, ok := codec.DictionaryID(rawGet(t, rdb, "d:"+strconv.Itoa(i))); !ok || id != dictID(t, d) {
+			t.Fatalf("d:%d is not stored with the dictionary (header %#x)", i, rawGet(t, rdb, "d:"+strconv.Itoa(i))[0])
+		}
+	}
+	withDict, plain := memoryUsage(t, rdb, "d:", len(vs)), memoryUsage(t, rdb, "n:", len(vs))
+	ratio := float64(withDict) / float64(plain)
+	t.Logf("MEMORY USAGE of %d profiles: %d B with the dictionary, %d B plain: %.3f", len(vs), withDict, plain, ratio)
+	if ratio > 0.6 {
+		t.Errorf("stored at %.3f of plain, want at most 0.6", ratio)
+	}
+	checkProfiles(t, w, "d:", vs)
+
+	r := mustNew[Profile](t, rdb) // no dictionary
+	checkProfiles(t, r, "d:", vs)
+	tg := redistest.Target{Name: "single", Client: rdb, Server: s}
+	want := fmt.Sprintf("read %d %s", len(vs), profilesDigest(t, vs))
+	if got := runChild(t, tg, "dict-read", "d:", strconv.Itoa(len(vs))); got != want {
+		t.Fatalf("the other process: %q, want %q", got, want)
+	}
+}
+
+// dictChild is the other process of TestDictionaryStoredRatio: a cache
+// built without any dictionary reads the profiles under args[0], 0 to
+// args[1], and prints how many it read and their digest.
+func dictChild(rdb redis.UniversalClient, args []string) error {
+	prefix := args[0]
+	n, err := strconv.Atoi(args[1])
+	if err != nil {
+		return err
+	}
+	c, err := packcache.New[Profile](rdb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	h := sha256.New()
+	for i := range n {
+		v, err := c.Get(context.Background(), prefix+strconv.Itoa(i))
+		if err != nil {
+			return err
+		}
+		b, _ := json.Marshal(v)
+		h.Write(b)
+	}
+	fmt.Printf("read %d %s\n", n, hex.EncodeToString(h.Sum(nil)))
+	return nil
+}
+
+// TestDictionaryRotation: a new dictionary for a prefix applies to new
+// writes; values written with the old one stay readable, by caches with
+// either dictionary and by one with none.
+func TestDictionaryRotation(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	d1, d2 := profileDictionary(t, 11), profileDictionary(t, 12)
+	if dictID(t, d1) == dictID(t, d2) {
+		t.Fatal("two trainings gave one dictionary")
+	}
+	old, cur := profiles(100, 13), profiles(100, 14)
+	w1 := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d1}))
+	setProfiles(t, w1, "p:old:", old)
+	w2 := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d2}))
+	setProfiles(t, w2, "p:new:", cur)
+	for gen, want := range map[string]uint32{"old": dictID(t, d1), "new": dictID(t, d2)} {
+		for i := range 100 {
+			if id, _ := codec.DictionaryID(rawGet(t, rdb, "p:"+gen+":"+strconv.Itoa(i))); id != want {
+				t.Fatalf("p:%s:%d names dictionary %08x, want %08x", gen, i, id, want)
+			}
+		}
+	}
+	for name, c := range map[string]*packcache.Cache[Profile]{"old": w1, "new": w2, "none": mustNew[Profile](t, rdb)} {
+		t.Run("reader with "+name, func(t *testing.T) {
+			checkProfiles(t, c, "p:old:", old)
+			checkProfiles(t, c, "p:new:", cur)
+		})
+	}
+}
+
+// TestDictionaryReferenceZstd: the reference zstd command decodes a stored
+// value's payload with the dictionary as Redis holds it.
+func TestDictionaryReferenceZstd(t *testing.T) {
+	t.Parallel()
+	zstdCmd, err := exec.LookPath("zstd")
+	if err != nil {
+		t.Skip("no zstd command on PATH: the reference decoder is not checked (install Debian's zstd package to check it)")
+	}
+	_, rdb := single(t)
+	d := profileDictionary(t, 21)
+	c := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := profiles(1, 22)[0]
+	if err := c.Set(ctxT(t), "p:1", v); err != nil {
+		t.Fatal(err)
+	}
+	stored := rawGet(t, rdb, "p:1")
+	id, ok := codec.DictionaryID(stored)
+	if !ok {
+		t.Fatalf("stored with header %#x, not with the dictionary", stored[0])
+	}
+	dir := t.TempDir()
+	dictFile, payload := filepath.Join(dir, "dict"), filepath.Join(dir, "value.zst")
+	if err := os.WriteFile(dictFile, rawGet(t, rdb, codec.DictionaryKey(id)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(payload, stored[1:], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(zstdCmd, "-q", "-d", "-c", "-D", dictFile, payload).CombinedOutput()
+	if err != nil {
+		t.Fatalf("zstd -D dict -dc: %v: %s", err, out)
+	}
+	if want := mustJSON(t, v); !bytes.Equal(out, want) {
+		t.Fatalf("zstd decoded %s, want %s", out, want)
+	}
+}
+
+// TestDictionaryPublished: the first write with a dictionary stores it
+// under its key with no expiry, once; a key that held something else, or
+// had an expiry, is put right; later writes do not publish again.
+func TestDictionaryPublished(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
+	ctx := ctxT(t)
+	d := profileDictionary(t, 31)
+	key := codec.DictionaryKey(dictID(t, d))
+	pd, _ := codec.ParseDictionary(d)
+	for _, before := range []string{"", "junk", "expiring"} {
+		t.Run("key "+cmpOr(before, "absent"), func(t *testing.T) {
+			rdb.Del(ctx, key)
+			switch before {
+			case "junk":
+				rdb.Set(ctx, key, "not a dictionary", 0)
+			case "expiring":
+				rdb.Set(ctx, key, pd.Bytes(), time.Hour)
+			}
+			c := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+			s.ResetStats(t)
+			setProfiles(t, c, "p:", profiles(50, 32))
+			scripts := func() int64 { return s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval") }
+			if n := scripts(); n < 1 || n > 2 { // EVALSHA, and EVAL if the script is new to the server
+				t.Errorf("50 writes ran %d scripts, want the one publication", n)
+			}
+			if got := rawGet(t, rdb, key); !bytes.Equal(got, pd.Bytes()) {
+				t.Errorf("%s holds %d bytes, not the dictionary", key, len(got))
+			}
+			if ttl := rdb.PTTL(ctx, key).Val(); ttl != -1 {
+				t.Errorf("%s has a TTL of %v, want none", key, ttl)
+			}
+			s.ResetStats(t)
+			setProfiles(t, c, "p:", profiles(50, 33))
+			if n := scripts(); n != 0 {
+				t.Errorf("50 more writes ran %d scripts, want none", n)
+			}
+		})
+	}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// TestDictionaryPublishFails: a writer that cannot publish its dictionary
+// stores values without it, readable by any reader, reports the failure
+// to the error handler, and uses the dictionary once it can publish it.
+func TestDictionaryPublishFails(t *testing.T) {
+	t.Parallel()
+	s, admin := single(t)
+	redistest.RequireReal(t, s, "ACL key permissions")
+	ctx := ctxT(t)
+	// A user that may write p:* but not the dictionary's key.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "writer", "on", ">pw", "+@all", "%R~*", "%W~p:*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: "writer", Password: "pw", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	d := profileDictionary(t, 41)
+	var mu sync.Mutex
+	var reported []error
+	c := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}),
+		packcache.WithErrorHandler(func(_ context.Context, key string, err error) {
+			mu.Lock()
+			reported = append(reported, err)
+			mu.Unlock()
+		}))
+	vs := profiles(20, 42)
+	setProfiles(t, c, "p:", vs)
+	for i := range vs {
+		if v := rawGet(t, admin, "p:"+strconv.Itoa(i)); v[0] == codec.HeaderZstdDict {
+			t.Fatalf("p:%d stored with a dictionary Redis does not hold", i)
+		}
+	}
+	mu.Lock()
+	if len(reported) != 1 || !errors.Is(reported[0], packcache.ErrRedis) || !strings.Contains(reported[0].Error(), codec.DictionaryKey(dictID(t, d))) {
+		t.Errorf("reported %v, want one error naming the dictionary's key", reported)
+	}
+	mu.Unlock()
+	checkProfiles(t, mustNew[Profile](t, admin), "p:", vs)
+
+	// Allowed to publish, the writer does so a second after the failure.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "writer", "allkeys").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a write with the dictionary", func() bool {
+		if err := c.Set(ctx, "p:later", vs[0]); err != nil {
+			t.Fatal(err)
+		}
+		return rawGet(t, admin, "p:later")[0] == codec.HeaderZstdDict
+	})
+	if admin.Exists(ctx, codec.DictionaryKey(dictID(t, d))).Val() != 1 {
+		t.Fatal("a value stored with the dictionary before it was published")
+	}
+}
+
+// TestDictionaryMissing: a value whose dictionary Redis does not hold is a
+// typed error naming the id, and the value is kept: a reader without a
+// loader leaves it, and one with a loader answers from the loader and
+// stores nothing over it. Once the dictionary is back, it reads.
+func TestDictionaryMissing(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 51)
+	id := dictID(t, d)
+	w := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := profiles(1, 52)[0]
+	if err := w.Set(ctx, "p:1", v); err != nil {
+		t.Fatal(err)
+	}
+	stored := rawGet(t, rdb, "p:1")
+	published := rawGet(t, rdb, codec.DictionaryKey(id))
+	rdb.Del(ctx, codec.DictionaryKey(id))
+
+	r := mustNew[Profile](t, rdb)
+	_, err := r.Get(ctx, "p:1")
+	var de *codec.DictionaryError
+	if !errors.Is(err, codec.ErrUnknownDictionary) || !errors.As(err, &de) || de.ID != id || !strings.Contains(err.Error(), fmt.Sprintf("%08x", id)) {
+		t.Fatalf("Get: %v, want an unknown dictionary %08x", err, id)
+	}
+	var reported atomic.Int64
+	loaded := Profile{ID: 1, Username: "from the loader"}
+	rl := mustNew[Profile](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Profile](func(context.Context, string) (Profile, error) {
+		return loaded, nil
+	})), packcache.WithErrorHandler(func(_ context.Context, _ string, err error) {
+		if errors.Is(err, codec.ErrUnknownDictionary) {
+			reported.Add(1)
+		}
+	}))
+	if got, err := rl.Get(ctx, "p:1"); err != nil || got.Username != loaded.Username {
+		t.Fatalf("read-through Get: %+v, %v; want the loader's value", got, err)
+	}
+	if reported.Load() == 0 {
+		t.Error("the unknown dictionary was not reported")
+	}
+	if !bytes.Equal(rawGet(t, rdb, "p:1"), stored) {
+		t.Fatal("the value was overwritten for want of its dictionary")
+	}
+
+	// Back in Redis, the dictionary is found a second later (a miss is
+	// remembered that long).
+	rdb.Set(ctx, codec.DictionaryKey(id), published, 0)
+	waitFor(t, 5*time.Second, "the dictionary, published again", func() bool {
+		got, err := r.Get(ctx, "p:1")
+		return err == nil && got.Username == v.Username
+	})
+}
+
+// TestDictionaryHostile: whatever the dictionary's key holds that is not
+// the dictionary named is refused (the value kept), and reading it costs
+// no more memory than a dictionary may take.
+func TestDictionaryHostile(t *testing.T) {
+	// Not parallel: it measures memory.
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	d, other := profileDictionary(t, 61), profileDictionary(t, 62)
+	id := dictID(t, d)
+	w := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	if err := w.Set(ctx, "p:1", profiles(1, 63)[0]); err != nil {
+		t.Fatal(err)
+	}
+	stored := rawGet(t, rdb, "p:1")
+	od, _ := codec.ParseDictionary(other)
+	huge := bytes.Repeat([]byte{0x37, 0xa4, 0x30, 0xec}, 16<<20) // 64 MiB, beginning like a dictionary
+	forged := od.Bytes()
+	binary.LittleEndian.PutUint32(forged[4:], id) // another dictionary claiming the id
+	key := codec.DictionaryKey(id)
+	for name, put := range map[string]func() error{
+		"another dictionary": func() error { return rdb.Set(ctx, key, other, 0).Err() },
+		"forged id":          func() error { return rdb.Set(ctx, key, forged, 0).Err() },
+		"not a dictionary":   func() error { return rdb.Set(ctx, key, "hello", 0).Err() },
+		"64 MiB":             func() error { return rdb.Set(ctx, key, huge, 0).Err() },
+		"a hash":             func() error { return rdb.HSet(ctx, key, "f", "v").Err() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rdb.Del(ctx, key)
+			if err := put(); err != nil {
+				t.Fatal(err)
+			}
+			r := mustNew[Profile](t, rdb) // a new cache: nothing remembered
+			runtime.GC()
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			_, err := r.Get(ctx, "p:1")
+			runtime.ReadMemStats(&m1)
+			if !errors.Is(err, codec.ErrUnknownDictionary) {
+				t.Fatalf("Get: %v, want an unknown dictionary", err)
+			}
+			if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 2<<20 {
+				t.Errorf("the Get allocated %d bytes, want under 2 MiB (a dictionary is at most %d)", alloc, codec.MaxDictionarySize)
+			}
+			if !bytes.Equal(rawGet(t, rdb, "p:1"), stored) {
+				t.Fatal("the value was changed")
+			}
+		})
+	}
+}
+
+// TestDictionaryFetchedOnce: concurrent reads of values of one dictionary
+// the reader lacks fetch it once; values that are corrupt or too large
+// are refused without a fetch.
+func TestDictionaryFetchedOnce(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
+	d := profileDictionary(t, 71)
+	vs := profiles(200, 72)
+	setProfiles(t, mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d})), "p:", vs)
+	r := mustNew[Profile](t, rdb)
+	s.ResetStats(t)
+	var wg sync.WaitGroup
+	errs := make([]error, len(vs))
+	for i := range vs {
+		wg.Go(func() { _, errs[i] = r.Get(context.Background(), "p:"+strconv.Itoa(i)) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CommandCount(t, "getrange"); n != 1 {
+		t.Errorf("%d concurrent reads fetched the dictionary %d times, want 1", len(vs), n)
+	}
+
+	// A frame that claims 1 GiB, naming an id Redis does not hold.
+	s.ResetStats(t)
+	bomb := []byte{codec.HeaderZstdDict, 0x28, 0xb5, 0x2f, 0xfd, 0xe3, // single segment, 8-byte size, 4-byte id
+		0, 0, 0, 0x40, // id 40000000
+		0, 0, 0, 0x40, 0, 0, 0, 0, // 1 GiB
+		0x43, 0x1f, 0x00, 'x'} // one last RLE block of 1,000 bytes
+	rdb.Set(context.Background(), "p:bomb", bomb, 0)
+	if _, err := mustNew[[]byte](t, rdb).Get(context.Background(), "p:bomb"); !errors.Is(err, packcache.ErrTooLarge) {
+		t.Errorf("Get of a 1 GiB frame: %v, want ErrTooLarge", err)
+	}
+	if n := s.CommandCount(t, "getrange"); n != 0 {
+		t.Errorf("a value too large to decode fetched its dictionary (%d GETRANGEs)", n)
+	}
+}
+
+// emptyDictValue is the empty value written with dictionary id (FORMAT.md
+// section 3.6).
+func emptyDictValue(id uint32) []byte {
+	v := []byte{codec.HeaderZstdDict, 0x28, 0xb5, 0x2f, 0xfd, 0x23, 0, 0, 0, 0, 0x00, 0x01, 0x00, 0x00}
+	binary.LittleEndian.PutUint32(v[6:], id)
+	return v
+}
+
+// TestDictionaryBounded: a reader remembers at most 64 dictionaries it
+// fetched or found missing; past that the oldest are forgotten, and
+// fetched again when read.
+func TestDictionaryBounded(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
+	ctx := ctxT(t)
+	const n = 100
+	for i := range n {
+		rdb.Set(ctx, "p:"+strconv.Itoa(i), emptyDictValue(1<<20+uint32(i)), 0)
+	}
+	r := mustNew[[]byte](t, rdb)
+	read := func(i int) {
+		if _, err := r.Get(ctx, "p:"+strconv.Itoa(i)); !errors.Is(err, codec.ErrUnknownDictionary) {
+			t.Fatalf("Get p:%d: %v, want an unknown dictionary", i, err)
+		}
+	}
+	for i := range n {
+		read(i)
+	}
+	s.ResetStats(t)
+	for i := n - 64; i < n; i++ { // remembered as missing (for a second)
+		read(i)
+	}
+	if got := s.CommandCount(t, "getrange"); got != 0 {
+		t.Errorf("the last 64 ids read again: %d fetches, want 0 within the second they are remembered", got)
+	}
+	read(0)
+	if got := s.CommandCount(t, "getrange"); got != 1 {
+		t.Errorf("the first id read again: %d fetches, want 1 (forgotten, past the bound)", got)
+	}
+}
+
+// TestDictionaryPolicy: New refuses a bad dictionary and a codec that is
+// not zstd's beside it; the threshold defaults to DictionaryCompressAbove
+// and an explicit one wins; MinSaving keeps plain what does not gain; the
+// codec's level is the dictionary's; where the dictionary and the codec
+// come from different policies, the prefix's own wins.
+func TestDictionaryPolicy(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 81)
+	pd, _ := codec.ParseDictionary(d)
+
+	for name, opts := range map[string][]packcache.Option{
+		"not a dictionary": {packcache.WithPrefix("p:", packcache.Policy{Dictionary: []byte("hello")})},
+		"too large":        {packcache.WithPrefix("p:", packcache.Policy{Dictionary: make([]byte, codec.MaxDictionarySize+1)})},
+		"with lz4":         {packcache.WithPrefix("p:", packcache.Policy{Dictionary: d, Codec: codec.LZ4})},
+		"on lz4":           {packcache.WithCodec(codec.LZ4), packcache.WithPrefix("", packcache.Policy{Dictionary: d})},
+	} {
+		if _, err := packcache.New[[]byte](rdb, opts...); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		} else if name != "with lz4" && name != "on lz4" && !errors.Is(err, codec.ErrInvalidDictionary) {
+			t.Errorf("%s: %v, want ErrInvalidDictionary", name, err)
+		}
+	}
+
+	c := mustNew[[]byte](t, rdb,
+		packcache.WithCodec(codec.LZ4),
+		packcache.WithPrefix("d:", packcache.Policy{Dictionary: d}),
+		packcache.WithPrefix("d3:", packcache.Policy{Dictionary: d, Codec: codec.ZstdLevel(3)}),
+		packcache.WithPrefix("big:", packcache.Policy{Dictionary: d, CompressAbove: 500}),
+		packcache.WithPrefix("none:", packcache.Policy{Dictionary: d, Codec: codec.None}))
+	inherit := mustNew[[]byte](t, rdb,
+		packcache.WithPrefix("", packcache.Policy{Dictionary: d}),
+		packcache.WithPrefix("lz4:", packcache.Policy{Codec: codec.LZ4}))
+	rec := mustJSON(t, profiles(1, 82)[0])
+	random := make([]byte, 300)
+	rand.NewChaCha8([32]byte{1}).Read(random)
+	for _, tc := range []struct {
+		c    *packcache.Cache[[]byte]
+		key  string
+		v    []byte
+		want string // plain, lz4, not dict, or dict and the level whose frame it is
+	}{
+		{c, "d:rec", rec, "dict 1"}, // the cache's LZ4 is not the dictionary's
+		{c, "d:60", rec[:60], "plain"},
+		{c, "d:100", rec[:100], "dict 1"}, // over DictionaryCompressAbove, far under 1024
+		{c, "d:random", random, "not dict"},
+		{c, "d3:rec", rec, "dict 3"},
+		{c, "big:rec", rec, "plain"},
+		{c, "none:rec", rec, "plain"},
+		{inherit, "rec", rec, "dict 1"},
+		{inherit, "lz4:rec", bytes.Repeat(rec, 8), "lz4"},
+	} {
+		if err := tc.c.Set(ctx, tc.key, tc.v); err != nil {
+			t.Fatal(err)
+		}
+		got := rawGet(t, rdb, tc.key)
+		var level int
+		switch _, err := fmt.Sscanf(tc.want, "dict %d", &level); {
+		case err == nil:
+			if want, _ := codec.AppendValue(nil, pd.Codec(level), tc.v); !bytes.Equal(got, want) {
+				t.Errorf("%s: stored with header %#x, not as the dictionary's level %d writes it", tc.key, got[0], level)
+			}
+		case tc.want == "plain" && codec.IsHeader(got[0]),
+			tc.want == "lz4" && got[0] != codec.HeaderLZ4,
+			tc.want == "not dict" && got[0] == codec.HeaderZstdDict:
+			t.Errorf("%s: stored with header %#x, want %s", tc.key, got[0], tc.want)
+		}
+		if back, err := tc.c.Get(ctx, tc.key); err != nil || !bytes.Equal(back, tc.v) {
+			t.Errorf("%s: read back %q, %v", tc.key, back, err)
+		}
+	}
+}
