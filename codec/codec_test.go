@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -15,7 +17,14 @@ import (
 // codecs start none: zstd EncodeAll and DecodeAll run on the caller's
 // goroutine, and stream decoders are synchronous (concurrency 1), so no
 // goroutine needs to be ignored.
+//
+// The tests allocate and drop many large buffers, in parallel: a soft
+// memory limit (unless GOMEMLIMIT sets one) keeps the binary's memory near
+// what they hold live, about half of what it would grow to.
 func TestMain(m *testing.M) {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(256 << 20)
+	}
 	goleak.VerifyTestMain(m)
 }
 
