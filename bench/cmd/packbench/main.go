@@ -61,7 +61,7 @@ type config struct {
 	netDelay time.Duration
 }
 
-var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "near", "peers"}
+var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "near", "peers", "serve"}
 
 // env is what every suite runs against.
 type env struct {
@@ -318,6 +318,7 @@ func run(cfg config) int {
 		{"surge", e.suiteSurge},
 		{"near", e.suiteNear},
 		{"peers", e.suitePeers},
+		{"serve", e.suiteServe},
 	} {
 		if !cfg.suites[s.name] {
 			continue
