@@ -738,6 +738,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 // budget and the others answer from the loader at once. On the cluster,
 // only the stopped master's breaker opens.
 func TestUnreachableRedisNamesCauseAndCostsLittle(t *testing.T) {
+	t.Parallel()
 	const budget = 2 * time.Second
 	loader := packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		return Channel{ID: key, Title: "loaded"}, nil
@@ -839,7 +840,7 @@ func TestBreakerCountsCallerDeadline(t *testing.T) {
 	}
 	opened := map[string]int{}
 	for name, op := range ops {
-		for range 15 {
+		for range 8 {
 			if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "60", "ALL").Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -855,11 +856,12 @@ func TestBreakerCountsCallerDeadline(t *testing.T) {
 		}
 	}
 	if len(opened) > 0 {
-		t.Errorf("breaker opened by callers' own deadlines (out of 15 each): %v", opened)
+		t.Errorf("breaker opened by callers' own deadlines (out of 8 each): %v", opened)
 	}
 }
 
 func TestClusterHungBeforeSlotMap(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	for _, n := range cl.Nodes() {
 		n.Pause(t)

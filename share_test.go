@@ -109,6 +109,7 @@ func TestShareWindowBoundWithSlowReplies(t *testing.T) {
 
 // Own write then Get must never return an older value (hot slot vs forget).
 func TestHotSlotAfterSet(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	rdb := s.Universal(t)
 	ctx := ctxT(t)
