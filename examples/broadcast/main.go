@@ -16,10 +16,18 @@
 //   - coalescing off, cold and warm, for comparison, with only
 //     -uncoalesced students (1,000 by default): each uncoalesced request
 //     reads and decodes its own copy of its channel, and 20,000 of them at
-//     once take 1-3 GB of memory, where the default run stays under 512 MiB.
+//     once take 1-3 GB of memory, where the default run stays under 512 MiB;
+//   - over HTTP: -http-requests requests (5,000 by default) from
+//     -http-clients keep-alive clients (64) fetch the channels from a server
+//     on loopback, through Cache.Serve (with the near cache where Redis can
+//     keep one) and through a handler doing Get and
+//     json.NewEncoder(w).Encode(v); it prints requests/s and the bytes on
+//     the wire per request for zstd clients, which Serve sends the stored
+//     frames as they are (passthrough), gzip clients and identity clients.
 //
 // Run: go run ./examples/broadcast [-students 20000 -channels 50 -dbdelay
-// 50ms -codec zstd -uncoalesced 1000] (embedded miniredis), or
+// 50ms -codec zstd -uncoalesced 1000 -http-requests 5000 -http-clients 64]
+// (embedded miniredis), or
 // REDIS_ADDR=localhost:6379 go run ./examples/broadcast (real Redis; only
 // keys under "packcache-example:<pid>:" are used, and they are deleted at
 // the end).
@@ -164,6 +172,10 @@ type config struct {
 	// (at most Students; 0 skips those rounds). Each uncoalesced request
 	// holds its own decoded copy of its channel while it runs.
 	Uncoalesced int
+
+	// HTTPRequests is how many requests the HTTP rounds make (0 skips
+	// them), from HTTPClients keep-alive clients.
+	HTTPRequests, HTTPClients int
 }
 
 // The rounds' modes.
@@ -198,6 +210,10 @@ type report struct {
 
 	// NearSkipped says why the near round did not run; empty if it did.
 	NearSkipped string
+
+	// HTTP holds the HTTP rounds, run with the near cache if HTTPNear.
+	HTTP     []httpResult
+	HTTPNear bool
 }
 
 // round returns the round of mode and round, if it ran.
@@ -219,6 +235,8 @@ func main() {
 	flag.DurationVar(&cfg.DBDelay, "dbdelay", 50*time.Millisecond, "time one database query takes")
 	flag.StringVar(&cfg.Codec, "codec", "zstd", "codec for stored values: zstd, lz4, snappy or none")
 	flag.IntVar(&cfg.Uncoalesced, "uncoalesced", 1000, "students in the coalescing-off comparison (0 skips it; as many as -students runs it in full, 1-3 GB of memory at 20,000)")
+	flag.IntVar(&cfg.HTTPRequests, "http-requests", 5000, "requests of each HTTP round (0 skips them)")
+	flag.IntVar(&cfg.HTTPClients, "http-clients", 64, "keep-alive clients of the HTTP rounds")
 	timeout := flag.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -230,7 +248,7 @@ func main() {
 
 func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 	cd, ok := codecs[cfg.Codec]
-	if !ok || cfg.Students < 1 || cfg.Channels < 1 || cfg.Uncoalesced < 0 {
+	if !ok || cfg.Students < 1 || cfg.Channels < 1 || cfg.Uncoalesced < 0 || cfg.HTTPRequests < 0 || cfg.HTTPRequests > 0 && cfg.HTTPClients < 1 {
 		return rep, fmt.Errorf("bad config %+v", cfg)
 	}
 	cfg.Uncoalesced = min(cfg.Uncoalesced, cfg.Students)
@@ -324,7 +342,14 @@ func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 		rep.PlainBytes += int64(len(js))
 		rep.Stored += n
 	}
+	if cfg.HTTPRequests > 0 {
+		rep.HTTPNear = rep.NearSkipped == ""
+		if rep.HTTP, err = httpRounds(ctx, rdb, cd, db, gets, keys, cfg, rep.HTTPNear); err != nil {
+			return rep, err
+		}
+	}
 	printReport(w, cfg, rep)
+	printHTTP(w, cfg, rep)
 	return rep, nil
 }
 

@@ -67,19 +67,45 @@ func checkRounds(t *testing.T, cfg config, rep report) {
 	}
 }
 
+// checkHTTP checks the HTTP rounds: every request answered, zstd clients
+// sent the stored frames at most 0.35× the bytes of Get + json.Encoder,
+// and, with the near cache, without a Redis GET.
+func checkHTTP(t *testing.T, cfg config, rep report, near bool) {
+	t.Helper()
+	if len(rep.HTTP) != len(httpModes) || rep.HTTPNear != near {
+		t.Fatalf("%d HTTP rounds (near cache %v), want %d (%v)", len(rep.HTTP), rep.HTTPNear, len(httpModes), near)
+	}
+	for _, r := range rep.HTTP {
+		if r.Errors != 0 || r.Requests != int64(cfg.HTTPRequests) || r.LoaderCalls != 0 {
+			t.Errorf("%s, %s: %d of %d requests failed, %d loader calls: %v", r.Handler, r.Client, r.Errors, r.Requests, r.LoaderCalls, r.FirstErr)
+		}
+	}
+	enc, z, gz, id := rep.HTTP[0], rep.HTTP[1], rep.HTTP[2], rep.HTTP[3]
+	if enc.Coding != "" || z.Coding != "zstd" || gz.Coding != "gzip" || id.Coding != "" {
+		t.Errorf("Content-Encodings %q, %q, %q, %q; want identity, zstd, gzip, identity", enc.Coding, z.Coding, gz.Coding, id.Coding)
+	}
+	if share := float64(z.WirePerRequest) / float64(enc.WirePerRequest); share > 0.35 {
+		t.Errorf("zstd passthrough: %d bytes per request, %.2f× Get + json.Encoder's %d", z.WirePerRequest, share, enc.WirePerRequest)
+	}
+	if near && z.Gets != 0 {
+		t.Errorf("Serve with the near cache: %d Redis GETs", z.Gets)
+	}
+}
+
 // TestRun runs the example as the README's command does, on the embedded
 // miniredis: the coalescing rounds, the smaller coalescing-off comparison,
 // and the near round skipped because miniredis has no CLIENT TRACKING.
 func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := config{Students: 200, Channels: 5, DBDelay: 10 * time.Millisecond, Codec: "zstd", Uncoalesced: 100}
+	cfg := config{Students: 200, Channels: 5, DBDelay: 10 * time.Millisecond, Codec: "zstd", Uncoalesced: 100, HTTPRequests: 200, HTTPClients: 8}
 	var out strings.Builder
 	rep, err := run(ctx, cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkRounds(t, cfg, rep)
+	checkHTTP(t, cfg, rep, false)
 	if len(rep.Rounds) != 4 {
 		t.Errorf("got %d rounds, want 4 (coalescing on and off, cold and warm)", len(rep.Rounds))
 	}
@@ -109,7 +135,8 @@ func TestNearRound(t *testing.T) {
 	if err := rdb.Set(ctx, "someone-else", "keep me", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := config{Students: 200, Channels: 5, DBDelay: 10 * time.Millisecond, Codec: "zstd", Uncoalesced: 100, RedisAddr: s.Addr()}
+	cfg := config{Students: 200, Channels: 5, DBDelay: 10 * time.Millisecond, Codec: "zstd", Uncoalesced: 100, RedisAddr: s.Addr(),
+		HTTPRequests: 200, HTTPClients: 8}
 	var out strings.Builder
 	rep, err := run(ctx, cfg, &out)
 	if err != nil {
@@ -126,6 +153,7 @@ func TestNearRound(t *testing.T) {
 	if nr.Gets != 0 || nr.LoaderCalls != 0 {
 		t.Errorf("near cache, warm: %d Redis GETs and %d loader calls, want none", nr.Gets, nr.LoaderCalls)
 	}
+	checkHTTP(t, cfg, rep, true)
 	if strings.Contains(out.String(), "skipped") {
 		t.Errorf("the output says something was skipped:\n%s", out.String())
 	}

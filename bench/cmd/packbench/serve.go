@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/netcount"
 )
 
 // ---------------------------------------------------------------- serve
@@ -158,7 +158,7 @@ type serveRunner struct {
 	row    serveRow
 	accept string
 	fetch  func(ctx context.Context) (n int64, coding string, err error)
-	cl     *countingListener
+	cl     *netcount.Listener
 	close  func()
 
 	rates                          []float64
@@ -212,7 +212,7 @@ func (e *env) newServeRunner(ctx context.Context, s serveSubject, client, accept
 		})
 	}
 	srv := httptest.NewUnstartedServer(handler)
-	r.cl = &countingListener{Listener: srv.Listener}
+	r.cl = netcount.Wrap(srv.Listener)
 	srv.Listener = r.cl
 	srv.Start()
 	tr := &http.Transport{MaxIdleConnsPerHost: serveClients, DisableCompression: true}
@@ -266,7 +266,7 @@ func (r *serveRunner) measure(ctx context.Context, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	wire0 := r.cl.written.Load()
+	wire0 := r.cl.Written()
 	var n, b atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -301,7 +301,7 @@ func (r *serveRunner) measure(ctx context.Context, d time.Duration) error {
 	r.rates = append(r.rates, float64(n.Load())/took.Seconds())
 	r.requests += n.Load()
 	r.body += b.Load()
-	r.wire += r.cl.written.Load() - wire0
+	r.wire += r.cl.Written() - wire0
 	r.redisGET += calls1["get"] - calls0["get"]
 	return nil
 }
@@ -316,29 +316,4 @@ func (r *serveRunner) result() (serveRow, error) {
 	row.body, row.wire = r.body/r.requests, r.wire/r.requests
 	row.redisGets = r.redisGET * 1000 / r.requests
 	return row, nil
-}
-
-// countingListener counts the bytes its connections write.
-type countingListener struct {
-	net.Listener
-	written atomic.Int64
-}
-
-func (l *countingListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{Conn: c, written: &l.written}, nil
-}
-
-type countingConn struct {
-	net.Conn
-	written *atomic.Int64
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	c.written.Add(int64(n))
-	return n, err
 }
