@@ -19,7 +19,7 @@ import (
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
-	"github.com/packcache/packcache/internal/netcount"
+	"github.com/packcache/packcache/internal/httpbench"
 )
 
 // The HTTP rounds: the students fetch their channels from an HTTP server
@@ -58,26 +58,16 @@ func httpRounds(ctx context.Context, rdb *redis.Client, cd codec.Codec, db *data
 	}
 	defer c.Close()
 	mux := http.NewServeMux()
-	channel := func(r *http.Request) (string, bool) {
-		i, err := strconv.Atoi(r.PathValue("i"))
-		return keys[max(i, 0)%len(keys)], err == nil
+	channel := func(r *http.Request) string {
+		i, _ := strconv.Atoi(r.PathValue("i"))
+		return keys[max(i, 0)%len(keys)]
 	}
 	mux.HandleFunc("GET /serve/{i}", func(w http.ResponseWriter, r *http.Request) {
-		key, _ := channel(r)
-		c.Serve(w, r, key)
+		c.Serve(w, r, channel(r))
 	})
-	mux.HandleFunc("GET /encode/{i}", func(w http.ResponseWriter, r *http.Request) {
-		key, _ := channel(r)
-		v, err := c.Get(r.Context(), key)
-		if err != nil {
-			http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(v)
-	})
+	mux.Handle("GET /encode/{i}", httpbench.GetAndEncode(c, channel))
 	srv := httptest.NewUnstartedServer(mux)
-	wire := netcount.Wrap(srv.Listener)
+	wire := httpbench.Wrap(srv.Listener)
 	srv.Listener = wire
 	srv.Start()
 	defer srv.Close()
@@ -173,54 +163,35 @@ var zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0))
 // returns its length and Content-Encoding. With check ≥ 0 it also
 // decodes the body and checks it is channel check.
 func fetchChannel(ctx context.Context, hc *http.Client, url, accept string, check int) (int64, string, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	if accept != "" {
-		req.Header.Set("Accept-Encoding", accept)
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	ce := resp.Header.Get("Content-Encoding")
 	if check < 0 {
-		n, err := io.Copy(io.Discard, resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("%s: status %d", url, resp.StatusCode)
-		}
+		return httpbench.Fetch(ctx, hc, url, accept, io.Discard)
+	}
+	var buf bytes.Buffer
+	n, ce, err := httpbench.Fetch(ctx, hc, url, accept, &buf)
+	if err != nil {
 		return n, ce, err
 	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, ce, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, ce, fmt.Errorf("%s: status %d", url, resp.StatusCode)
-	}
-	js := b
+	js := buf.Bytes()
 	switch ce {
 	case "zstd":
-		js, err = zstdDecoder.DecodeAll(b, nil)
+		js, err = zstdDecoder.DecodeAll(buf.Bytes(), nil)
 	case "gzip":
 		var zr *gzip.Reader
-		if zr, err = gzip.NewReader(bytes.NewReader(b)); err == nil {
+		if zr, err = gzip.NewReader(&buf); err == nil {
 			js, err = io.ReadAll(zr)
 		}
 	}
 	if err != nil {
-		return 0, ce, fmt.Errorf("%s: %s body: %w", url, ce, err)
+		return n, ce, fmt.Errorf("%s: %s body: %w", url, ce, err)
 	}
 	var ch Channel
 	if err := json.Unmarshal(js, &ch); err != nil {
-		return 0, ce, fmt.Errorf("%s: %w", url, err)
+		return n, ce, fmt.Errorf("%s: %w", url, err)
 	}
 	if want := fmt.Sprintf("ch-%04d", check); ch.ID != want {
-		return 0, ce, fmt.Errorf("%s: channel %q, want %q", url, ch.ID, want)
+		return n, ce, fmt.Errorf("%s: channel %q, want %q", url, ch.ID, want)
 	}
-	return int64(len(b)), ce, nil
+	return n, ce, nil
 }
 
 // printHTTP prints the HTTP rounds' table and what it shows.

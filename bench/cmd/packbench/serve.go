@@ -15,7 +15,7 @@ import (
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
-	"github.com/packcache/packcache/internal/netcount"
+	"github.com/packcache/packcache/internal/httpbench"
 )
 
 // ---------------------------------------------------------------- serve
@@ -158,7 +158,7 @@ type serveRunner struct {
 	row    serveRow
 	accept string
 	fetch  func(ctx context.Context) (n int64, coding string, err error)
-	cl     *netcount.Listener
+	cl     *httpbench.Listener
 	close  func()
 
 	rates                          []float64
@@ -201,18 +201,10 @@ func (e *env) newServeRunner(ctx context.Context, s serveSubject, client, accept
 	if s.serve {
 		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.Serve(w, r, key) })
 	} else {
-		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			v, err := c.Get(r.Context(), key)
-			if err != nil {
-				http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
-				return
-			}
-			w.Header().Set("Content-Type", "application/json")
-			json.NewEncoder(w).Encode(v)
-		})
+		handler = httpbench.GetAndEncode(c, func(*http.Request) string { return key })
 	}
 	srv := httptest.NewUnstartedServer(handler)
-	r.cl = netcount.Wrap(srv.Listener)
+	r.cl = httpbench.Wrap(srv.Listener)
 	srv.Listener = r.cl
 	srv.Start()
 	tr := &http.Transport{MaxIdleConnsPerHost: serveClients, DisableCompression: true}
@@ -227,24 +219,8 @@ func (e *env) newServeRunner(ctx context.Context, s serveSubject, client, accept
 			r.close()
 		}
 	}()
-	r.fetch = func(ctx context.Context) (n int64, coding string, err error) {
-		req, err := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
-		if err != nil {
-			return 0, "", err
-		}
-		if accept != "" {
-			req.Header.Set("Accept-Encoding", accept)
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		n, err = io.Copy(io.Discard, resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return n, resp.Header.Get("Content-Encoding"), err
+	r.fetch = func(ctx context.Context) (int64, string, error) {
+		return httpbench.Fetch(ctx, hc, srv.URL, accept, io.Discard)
 	}
 	for range 2 {
 		if _, _, err := r.fetch(ctx); err != nil {

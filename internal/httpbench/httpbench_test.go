@@ -1,4 +1,4 @@
-package netcount
+package httpbench
 
 import (
 	"io"
