@@ -738,7 +738,6 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 // budget and the others answer from the loader at once. On the cluster,
 // only the stopped master's breaker opens.
 func TestUnreachableRedisNamesCauseAndCostsLittle(t *testing.T) {
-	t.Parallel()
 	const budget = 2 * time.Second
 	loader := packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		return Channel{ID: key, Title: "loaded"}, nil
@@ -1195,7 +1194,6 @@ func TestHungRedis(t *testing.T) {
 // many there are, they count as no Redis failure: the breaker stays
 // closed and later loads store their values.
 func TestSlowLoadsAreNotRedisFailures(t *testing.T) {
-	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	var slow atomic.Bool
