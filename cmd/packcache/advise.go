@@ -20,7 +20,7 @@ import (
 func newAdviseCmd(cf *connFlags) *cobra.Command {
 	var o adviseOptions
 	cmd := &cobra.Command{
-		Use:   "advise --prefix P [--sample N] [--chart FILE.svg]",
+		Use:   "advise --prefix P [--sample N] [--chart FILE.svg] [--train [--dict-size N] [--dictionary-out FILE] [--publish]]",
 		Short: "Measure every codec on a prefix's own values and recommend a policy",
 		Long: `advise samples up to --sample values under --prefix and, for every built-in codec and
 level (none; lz4 fast; lz4hc 3, 6, 9; snappy; zstd 1, 3, 7, 11: fastest, default, better,
@@ -43,7 +43,15 @@ uncompressed if that is longer, and a Set 200 µs, or the time at 100 MB/s: cach
 read more often than written.
 
 It prints the recommendation as a packcache.Policy literal and as environment
-variables. It only reads.`,
+variables. It only reads.
+
+--train trains a zstd dictionary (FORMAT.md section 3.6) of at most --dict-size bytes on
+half the sampled values (--sample defaults to 1000 then) and measures every codec, zstd
+1 and 3 with the dictionary too, on the other half, so that no projection counts a
+value the dictionary learnt from. It writes the dictionary to --dictionary-out (by
+default ID.dict in the working directory), prints its size, the projected memory with
+and without it, and the Policy literal to use; --publish also stores it in Redis under
+packcache:dict:ID, where readers that lack it look (the one write advise makes).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.prefix == "" {
@@ -54,6 +62,14 @@ variables. It only reads.`,
 			}
 			if o.maxGetUs < 0 || o.maxSetUs < 0 {
 				return usagef("--max-get-us and --max-set-us must not be negative")
+			}
+			switch {
+			case o.publish && !o.train:
+				return usagef("--publish publishes the dictionary --train trains: add --train")
+			case o.train && (o.dictSize < 256 || o.dictSize > codec.MaxDictionarySize):
+				return usagef("--dict-size must be from 256 to %d bytes, not %d", codec.MaxDictionarySize, o.dictSize)
+			case o.train && !cmd.Flags().Changed("sample"):
+				o.sample = 1000
 			}
 			c, err := cf.connect(cmd.Context())
 			if err != nil {
@@ -73,6 +89,10 @@ variables. It only reads.`,
 	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
 	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
 	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
+	fs.BoolVar(&o.train, "train", false, "train a zstd dictionary on the sampled values, and advise with it too")
+	fs.IntVar(&o.dictSize, "dict-size", 4<<10, "largest dictionary --train may write, in bytes (256 to 131072)")
+	fs.StringVar(&o.dictOut, "dictionary-out", "", "`file` --train writes the dictionary to (default ID.dict)")
+	fs.BoolVar(&o.publish, "publish", false, "store the trained dictionary in Redis, where readers find it")
 	cmd.MarkFlagRequired("prefix")
 	return cmd
 }
@@ -87,6 +107,10 @@ type adviseOptions struct {
 	asJSON       bool
 	progressFlag bool
 	progress     bool
+	train        bool
+	dictSize     int
+	dictOut      string
+	publish      bool
 }
 
 // candidates are the codecs and levels advise measures.
@@ -161,6 +185,8 @@ type adviceReport struct {
 	Reason      string    `json:"reason"`
 	Policy      string    `json:"policy"`
 	Env         []string  `json:"env"`
+
+	Dictionary *dictionaryAdvice `json:"dictionary,omitempty"` // with --train
 }
 
 func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Writer) error {
@@ -188,6 +214,22 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	if len(values) == 0 {
 		return fmt.Errorf("none of the %d sampled values under %q could be decoded", len(g.values), o.prefix)
 	}
+	cands := candidates
+	var da *dictionaryAdvice
+	if o.train {
+		var train []sampled
+		if train, values, memOther, err = split(values, memOther); err != nil {
+			return err
+		}
+		memSample = memOther
+		for _, v := range values {
+			memSample += float64(v.mem)
+		}
+		if da, err = trainDictionary(train, len(values), o); err != nil {
+			return err
+		}
+		cands = append(slices.Clone(candidates), zstdChoice(1).withDictionary(da.d), zstdChoice(3).withDictionary(da.d))
+	}
 	sizes := make([]int64, len(values))
 	for i, v := range values {
 		sizes[i] = int64(len(v.decoded))
@@ -203,9 +245,9 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		o.maxSetUs = math.Round(max(200, medianBytes/1e2)) // bytes at 100 MB/s, in µs
 	}
 
-	bar := newProgress(o.progress, stderr, int64(len(candidates)), "measuring codecs", "codecs")
+	bar := newProgress(o.progress, stderr, int64(len(cands)), "measuring codecs", "codecs")
 	var results []*result
-	for _, ch := range candidates {
+	for _, ch := range cands {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -235,6 +277,12 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	rep.Reason = reason(best, results, o)
 	rep.Policy = t.policyLiteral()
 	rep.Env = t.envVars(o.prefix)
+	if da != nil {
+		if err := da.finish(ctx, c, results, o); err != nil {
+			return err
+		}
+		rep.Dictionary = da
+	}
 
 	if o.chart != "" {
 		if err := writeAdviceChart(o.chart, rep); err != nil {
@@ -247,6 +295,9 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		return enc.Encode(rep)
 	}
 	printAdvice(stdout, rep, g, sorted)
+	if da != nil {
+		da.print(stdout)
+	}
 	return nil
 }
 
@@ -285,10 +336,10 @@ func measure(ch choice, values []sampled, median, limit int) (*result, error) {
 		}
 		o.comp = len(enc)
 		o.enc = timeOp(minOpTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) })
-		if dec, err = codec.DecodeValue(dec[:0], enc, limit); err != nil || len(dec) != len(d) {
+		if dec, err = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict); err != nil || len(dec) != len(d) {
 			return nil, fmt.Errorf("%s: decoding what it encoded from %s: %v", ch, v.key, err)
 		}
-		o.dec = timeOp(minOpTime, func() { dec, _ = codec.DecodeValue(dec[:0], enc, limit) })
+		o.dec = timeOp(minOpTime, func() { dec, _ = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict) })
 		r.vals[i] = o
 		sumSize += float64(o.size)
 		sumComp += float64(o.comp)
@@ -309,7 +360,7 @@ func measure(ch choice, values []sampled, median, limit int) (*result, error) {
 		enc, _ = codec.AppendValue(enc[:0], ch.c, d)
 		r.SetUs = timeOp(minMedianTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) }) / 1e3
 		if m.saves() {
-			r.GetUs = timeOp(minMedianTime, func() { dec, _ = codec.DecodeValue(dec[:0], enc, limit) }) / 1e3
+			r.GetUs = timeOp(minMedianTime, func() { dec, _ = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict) }) / 1e3
 		}
 	}
 	return r, nil

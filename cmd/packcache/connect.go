@@ -66,6 +66,7 @@ type conn struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // set for a Redis Cluster
 	limit   int                  // decoded-size limit
+	dicts   dictionaries         // the zstd dictionaries values named, fetched (dict.go)
 }
 
 func (c *conn) Close() error { return c.rdb.Close() }

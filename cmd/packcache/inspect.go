@@ -63,6 +63,7 @@ type keyReport struct {
 	TTLMillis   int64    `json:"ttl_ms"`          // -1: no expiry, -2: no such key
 	MemoryUsage int64    `json:"memory_usage_bytes,omitempty"`
 	LeaseToken  string   `json:"lease_token,omitempty"`
+	Dictionary  string   `json:"dictionary,omitempty"` // the zstd dictionary a 0x05 value names: its key in Redis, and what it holds
 	Error       string   `json:"error,omitempty"`
 	FormatNote  string   `json:"format_note,omitempty"`
 
@@ -183,7 +184,16 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 		r.LeaseToken = hex.EncodeToString(v[1:])
 		return r, nil
 	}
-	decoded, err := codec.DecodeValue(nil, v, c.limit)
+	if id, ok := codec.DictionaryID(v); ok {
+		r.Dictionary = codec.DictionaryKey(id)
+	}
+	decoded, d, err := c.decode(ctx, v)
+	switch {
+	case d != nil:
+		r.Dictionary += fmt.Sprintf(" (%s, fetched from Redis)", counted(int64(len(d.Bytes())), "byte"))
+	case errors.Is(err, codec.ErrUnknownDictionary):
+		r.Dictionary += " (missing or refused: see the error)"
+	}
 	if err != nil {
 		r.failed = true
 		r.Error = err.Error()
@@ -197,7 +207,7 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 		ratio := float64(len(v)) / float64(n)
 		r.Ratio = &ratio
 	}
-	r.Level = levelNote(k, b, decoded, v)
+	r.Level = levelNote(k, b, decoded, v, d)
 	if json.Valid(decoded) {
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, decoded); err == nil {
@@ -212,10 +222,11 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 // maxReencode bounds the values inspect re-encodes to find their level.
 const maxReencode = 4 << 20
 
-// levelNote says which levels of the value's codec reproduce it. The
-// format records the codec, not the level, so this is the only way to
-// tell; a value written by another encoder or version may match none.
-func levelNote(k kind, b byte, decoded, stored []byte) string {
+// levelNote says which levels of the value's codec reproduce it (with d,
+// the dictionary of a 0x05 value). The format records the codec, not the
+// level, so this is the only way to tell; a value written by another
+// encoder or version may match none.
+func levelNote(k kind, b byte, decoded, stored []byte, d *codec.Dictionary) string {
 	const unrecorded = "not recorded in the format"
 	switch {
 	case k == kindPlain || k == kindEmpty:
@@ -252,6 +263,10 @@ func levelNote(k kind, b byte, decoded, stored []byte) string {
 	case codec.HeaderZstd:
 		for _, s := range zstdSpeeds {
 			try(fmt.Sprintf("zstd %s (levels %s)", s.label, s.levels), codec.ZstdLevel(s.level))
+		}
+	case codec.HeaderZstdDict:
+		for _, s := range zstdSpeeds {
+			try(fmt.Sprintf("zstd %s (levels %s) with the dictionary", s.label, s.levels), d.Codec(s.level))
 		}
 	default:
 		return unrecorded
@@ -301,6 +316,9 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 	row("memory", "%s bytes (MEMORY USAGE)", count(r.MemoryUsage))
 	if r.LeaseToken != "" {
 		row("token", "%s", r.LeaseToken)
+	}
+	if r.Dictionary != "" {
+		row("dictionary", "%s", r.Dictionary)
 	}
 	if r.Error != "" {
 		row("error", "%s", r.Error)

@@ -8,12 +8,16 @@
 //	packcache [connection flags] inspect KEY...
 //	packcache [connection flags] stats [--prefix P]... [--sample N]
 //	packcache [connection flags] advise --prefix P [--sample N] [--chart FILE.svg]
+//	                                 [--train [--dict-size N] [--dictionary-out FILE] [--publish]]
 //	packcache [connection flags] recompress --prefix P --codec NAME [--level L] [--compress-above N]
+//	                                     [--dictionary FILE | --dictionary-id ID]
 //	                                     [--dry-run] [--rate N/s] [--cursor C]
 //
-// inspect, stats and advise only read. recompress writes, and only with a
-// compare-and-set that leaves alone any value that changed after it was
-// read. docs/packcache.md at the root of the repository has examples with
+// inspect, stats and advise only read, but for advise --train --publish,
+// which stores the dictionary it trained. recompress writes, and only with
+// a compare-and-set that leaves alone any value that changed after it was
+// read. Values written with a zstd dictionary are read with the dictionary
+// Redis holds for them (FORMAT.md section 3.6). docs/packcache.md at the root of the repository has examples with
 // real output.
 package main
 

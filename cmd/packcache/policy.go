@@ -16,6 +16,13 @@ type choice struct {
 	name  string // none, lz4, snappy or zstd
 	level int    // zstd 1-22, lz4 0 (fast) or 1-9 (HC); 0 for snappy and none
 	c     codec.Codec
+	dict  *codec.Dictionary // zstd with a dictionary: c is its codec
+}
+
+// withDictionary is the zstd choice ch with dictionary d.
+func (ch choice) withDictionary(d *codec.Dictionary) choice {
+	ch.c, ch.dict = d.Codec(ch.level), d
+	return ch
 }
 
 // parseChoice checks a codec name and level from the command line. Without
@@ -76,9 +83,13 @@ func (ch choice) String() string {
 		}
 		return fmt.Sprintf("lz4hc %d", ch.level)
 	case "zstd":
+		dict := ""
+		if ch.dict != nil {
+			dict = fmt.Sprintf(" + dict %08x", ch.dict.ID())
+		}
 		for _, s := range zstdSpeeds {
-			if codec.ZstdLevel(s.level) == ch.c {
-				return fmt.Sprintf("zstd %d (%s)", ch.level, s.label)
+			if codec.ZstdLevel(s.level) == codec.ZstdLevel(ch.level) {
+				return fmt.Sprintf("zstd %d (%s)%s", ch.level, s.label, dict)
 			}
 		}
 	}
@@ -173,6 +184,10 @@ func (t target) policyLiteral() string {
 	if t.above == 0 {
 		above = "packcache.CompressAll"
 	}
+	if t.dict != nil {
+		// dict: the dictionary's bytes, from the file advise --train wrote.
+		return fmt.Sprintf("packcache.Policy{Codec: %s, CompressAbove: %s, Dictionary: dict}", t.goExpr(), above)
+	}
 	return fmt.Sprintf("packcache.Policy{Codec: %s, CompressAbove: %s}", t.goExpr(), above)
 }
 
@@ -190,7 +205,11 @@ func (t target) envVars(prefix string) []string {
 	if t.name == "zstd" || t.name == "lz4" {
 		vars = append(vars, ns+"LEVEL="+strconv.Itoa(t.level))
 	}
-	return append(vars, ns+"COMPRESS_ABOVE="+strconv.Itoa(t.above))
+	vars = append(vars, ns+"COMPRESS_ABOVE="+strconv.Itoa(t.above))
+	if t.dict != nil {
+		vars = append(vars, "# no variable sets the dictionary: Policy.Dictionary, in the code, does")
+	}
+	return vars
 }
 
 // envName turns a key prefix into the NAME of PACKCACHE_PREFIX_<NAME>_...:

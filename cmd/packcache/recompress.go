@@ -26,10 +26,10 @@ import (
 
 func newRecompressCmd(cf *connFlags) *cobra.Command {
 	var o recompressOptions
-	var codecName, above, rateFlag string
+	var codecName, above, rateFlag, dictFile, dictID string
 	var level int
 	cmd := &cobra.Command{
-		Use:   "recompress --prefix P --codec NAME [--level L] [--compress-above N] [--dry-run] [--rate N/s] [--cursor C]",
+		Use:   "recompress --prefix P --codec NAME [--level L] [--dictionary FILE | --dictionary-id ID] [--compress-above N] [--dry-run] [--rate N/s] [--cursor C]",
 		Short: "Rewrite the values under a prefix with a new codec, level and threshold",
 		Long: `recompress rewrites the values under --prefix in place as a packcache writer with the
 given policy would store them: values longer than --compress-above bytes compressed with
@@ -47,15 +47,36 @@ cluster one per master, host:port=N@ID joined by commas); --cursor resumes from 
 on the same server processes only. --rate limits the values read (GET) per second;
 the scan, the size checks and the writes are not throttled.
 Codecs: none, lz4 (--level 0 fast, 1-9 HC; default 0), snappy, zstd (--level 1-22,
-default 1).`,
+default 1).
+
+--dictionary FILE (one that advise --train or zstd --train wrote) or --dictionary-id ID
+(one Redis holds, as packcache:dict:ID) writes zstd with that dictionary (FORMAT.md
+section 3.6); --codec may then be left out, and --compress-above defaults to 64. A
+dictionary from a file is first published under packcache:dict:ID, where every reader
+finds it, unless --dry-run. Values written with a dictionary Redis does not hold are
+skipped as undecodable, and kept.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.prefix == "" {
 				return usagef("--prefix must not be empty: recompress works on one prefix at a time")
 			}
+			withDict := dictFile != "" || dictID != ""
+			switch {
+			case dictFile != "" && dictID != "":
+				return usagef("give --dictionary or --dictionary-id, not both")
+			case codecName == "" && !withDict:
+				return usagef(`required flag(s) "codec" not set`)
+			case codecName == "":
+				codecName = "zstd"
+			case withDict && !strings.EqualFold(codecName, "zstd"):
+				return usagef("a dictionary is zstd's: --codec zstd, or leave --codec out")
+			}
 			if o.target.choice, err = parseChoice(codecName, level, cmd.Flags().Changed("level")); err != nil {
 				return err
+			}
+			if withDict && !cmd.Flags().Changed("compress-above") {
+				above = strconv.Itoa(codec.DictionaryCompressAbove)
 			}
 			if o.target.above, err = parseAbove(above); err != nil {
 				return err
@@ -71,14 +92,24 @@ default 1).`,
 				return err
 			}
 			defer c.Close()
+			if withDict {
+				d, err := loadDictionary(cmd.Context(), c, dictFile, dictID)
+				if err != nil {
+					return err
+				}
+				o.target.choice = o.target.withDictionary(d)
+				o.publish = dictFile != "" && !o.dryRun
+			}
 			o.progress = showProgress(o.progressFlag, cmd.ErrOrStderr())
 			return recompress(cmd.Context(), c, o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix whose values to rewrite (required)")
-	fs.StringVar(&codecName, "codec", "", "codec to write: none, lz4, snappy or zstd (required)")
+	fs.StringVar(&codecName, "codec", "", "codec to write: none, lz4, snappy or zstd (required, but with a dictionary)")
 	fs.IntVar(&level, "level", 0, "level: zstd 1-22, lz4 0 (fast) or 1-9 (HC)")
+	fs.StringVar(&dictFile, "dictionary", "", "write zstd with the dictionary in this `file`, published in Redis first")
+	fs.StringVar(&dictID, "dictionary-id", "", "write zstd with the dictionary Redis holds under packcache:dict:`ID`")
 	fs.StringVar(&above, "compress-above", strconv.Itoa(defaultCompressAbove), "size in bytes at or below which values are stored plain, or off")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "read and compute everything, write nothing")
 	fs.StringVar(&rateFlag, "rate", "", "most keys to read per second, as N/s or N (default unlimited)")
@@ -86,13 +117,13 @@ default 1).`,
 	fs.Int64Var(&o.count, "count", 500, "COUNT hint of each SCAN")
 	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
 	cmd.MarkFlagRequired("prefix")
-	cmd.MarkFlagRequired("codec")
 	return cmd
 }
 
 type recompressOptions struct {
 	prefix       string
 	target       target
+	publish      bool // store the target's dictionary in Redis before any value written with it
 	dryRun       bool
 	rate         rate.Limit // 0: unlimited
 	cursor       string
@@ -200,6 +231,12 @@ func recompress(ctx context.Context, c *conn, o recompressOptions, stdout, stder
 	}
 	fmt.Fprintf(stdout, "recompress --prefix %s to %s, compress above %s%s\n", o.prefix, o.target.choice, aboveString(o.target.above), mode)
 	fmt.Fprintf(stdout, "%s to examine\n", counted(total, "key"))
+	if o.publish { // before any value written with it, as FORMAT.md section 3.6 requires
+		if err := publishDictionary(ctx, c.rdb, o.target.dict); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "published the dictionary as %s\n", codec.DictionaryKey(o.target.dict.ID()))
+	}
 	r.bar = newProgress(o.progress, stderr, total, "recompress", "keys")
 	start := time.Now()
 	r.scan.moved = r.printCursor
@@ -352,7 +389,7 @@ func (r *recompressor) batch(ctx context.Context, keys []string) error {
 	var errOnce sync.Once
 	parallel(len(work), func(i int) {
 		w := &work[i]
-		decoded, err := codec.DecodeValue(nil, w.old, r.c.limit)
+		decoded, _, err := r.c.decode(ctx, w.old)
 		if err != nil {
 			w.err = err
 			return

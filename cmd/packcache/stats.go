@@ -340,7 +340,7 @@ func sampleValues(ctx context.Context, c *conn, g *group) error {
 				g.memModelled = true
 			}
 			if sv.kind != kindTombstone && sv.kind != kindLease {
-				sv.decoded, sv.err = codec.DecodeValue(nil, v, c.limit)
+				sv.decoded, _, sv.err = c.decode(ctx, v)
 				if sv.err != nil {
 					sv.decoded = nil
 				} else if sv.decoded == nil {

@@ -113,6 +113,8 @@ func meaning(k kind, b byte) string {
 		return "snappy: one Snappy block (FORMAT.md section 3.3)"
 	case codec.HeaderZstd:
 		return "zstd: one Zstandard frame recording its content size (FORMAT.md section 3.4)"
+	case codec.HeaderZstdDict:
+		return "zstd-dict: one Zstandard frame written with a dictionary it names (FORMAT.md section 3.6)"
 	}
 	c, _ := codec.Lookup(b)
 	return fmt.Sprintf("codec %s (0x%02x)", c.Name(), b)
@@ -155,6 +157,8 @@ func decodeNote(err error, b byte, n, limit int) string {
 	switch {
 	case errors.As(err, &he):
 		return headerNote(he.Byte, n)
+	case errors.Is(err, codec.ErrUnknownDictionary):
+		return `FORMAT.md section 3.6: writers publish a dictionary under packcache:dict:<id> before the first value written with it. "Missing or not verified, the value is an unknown dictionary: kept, never deleted, and reported naming the id." A packcache writer still writing with the dictionary publishes it again within a minute; nothing else can bring it back, as its id is computed from its bytes.`
 	case errors.Is(err, codec.ErrTooLarge):
 		return fmt.Sprintf(`FORMAT.md section 4: "A reader has a limit L on the decoded size and never allocates much more than L whatever a value claims." Here L is --max-value-size, %d bytes; raise it to decode this value.`, limit)
 	case errors.Is(err, codec.ErrCorrupt):
@@ -166,6 +170,8 @@ func decodeNote(err error, b byte, n, limit int) string {
 			s = `FORMAT.md section 3.3: the payload is one Snappy block (a varint length, then elements); it is "not the framing format".`
 		case codec.HeaderZstd:
 			s = `FORMAT.md section 3.4: "Readers reject as corrupt: skippable frames, frames needing a dictionary, a Window_Descriptor declaring over 2 GiB (...), a Frame_Content_Size that is not exactly the decoded size, and trailing bytes."`
+		case codec.HeaderZstdDict:
+			s = `FORMAT.md section 3.6: "Readers reject as corrupt: a frame without Frame_Content_Size (...), without Dictionary_ID or with an id outside 32768 to 2^31 - 1, skippable frames, a Window_Descriptor over 2 GiB, a Frame_Content_Size that is not exactly the decoded size, and trailing bytes."`
 		case codec.HeaderGzip:
 			s = `FORMAT.md section 3.5: "Anything after the last member that is not another member is corrupt."`
 		default:
