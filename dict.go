@@ -96,7 +96,7 @@ return 1`)
 func (s *dictSet) writer(b []byte, zc codec.Codec) (*ownDict, codec.Codec, error) {
 	d, err := codec.ParseDictionary(b)
 	if err != nil {
-		return nil, nil, fmt.Errorf("Dictionary: %w", err)
+		return nil, nil, fmt.Errorf("the Dictionary: %w", err)
 	}
 	e := s.lookup(d.ID())
 	if e == nil || e.own == nil {
@@ -115,7 +115,7 @@ func (s *dictSet) writer(b []byte, zc codec.Codec) (*ownDict, codec.Codec, error
 }
 
 func dictCodecError(c codec.Codec) error {
-	return fmt.Errorf("Dictionary with Codec %s: a dictionary is zstd's; give a zstd codec for its level, or none", c.Name())
+	return fmt.Errorf("a Dictionary with Codec %s: a dictionary is zstd's; give a zstd codec for its level, or none", c.Name())
 }
 
 // zstdLevel returns the standard level of zc, one of the zstd codecs.
