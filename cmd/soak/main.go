@@ -21,6 +21,12 @@
 // Without -addr (or REDIS_ADDR) it starts its own redis-server on a free
 // port with no persistence. With an external server it uses a key prefix of
 // its own, deletes only its own keys, and never flushes.
+//
+// With -outage it checks instead that invalidations survive Redis stopping
+// (see outage.go): it stops its own redis-server (SIGSTOP) for 1-2 s every
+// 2-3 s while writers update a source of truth and invalidate the cache on
+// every update and readers Get through a slow loader, and fails on a stale
+// read once a resume has settled or a write undone at the end.
 package main
 
 import (
@@ -77,8 +83,12 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.keys, "keys", 500, "distinct keys")
 	fs.StringVar(&cfg.addr, "addr", os.Getenv("REDIS_ADDR"), "external Redis address (default $REDIS_ADDR; empty: start a redis-server)")
 	quick := fs.Bool("quick", false, "a short run: 5s, 16 workers, 100 keys, values up to 256 KB (explicit flags still win)")
+	outage := fs.Bool("outage", false, "stop (SIGSTOP) and resume a redis-server of its own every few seconds while writers invalidate and readers load; check for stale reads and undone writes (default 1m; -workers: readers, default 16; -keys default 64)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *outage {
+		return cliOutage(fs, cfg, stdout, stderr)
 	}
 	if *quick {
 		set := map[string]bool{}
@@ -103,7 +113,12 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "soak:", err)
 		return 1
 	}
-	if fails := rep.failures(); len(fails) > 0 {
+	return verdict(rep.failures(), stdout, stderr)
+}
+
+// verdict prints the failed checks, or PASS, and returns the exit status.
+func verdict(fails []string, stdout, stderr io.Writer) int {
+	if len(fails) > 0 {
 		for _, f := range fails {
 			fmt.Fprintln(stderr, "soak: FAIL:", f)
 		}
@@ -111,6 +126,36 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, "soak: PASS")
 	return 0
+}
+
+// cliOutage runs the outage mode (-outage) with the flags given.
+func cliOutage(fs *flag.FlagSet, cfg config, stdout, stderr io.Writer) int {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["addr"] || set["quick"] {
+		fmt.Fprintln(stderr, "soak: -outage starts, stops and resumes a redis-server of its own: it takes neither -addr nor -quick")
+		return 2
+	}
+	oc := defaultOutageConfig()
+	if set["duration"] {
+		oc.duration = cfg.duration
+	}
+	if set["workers"] {
+		oc.readers = cfg.workers
+	}
+	if set["keys"] {
+		oc.keys = cfg.keys
+	}
+	if oc.readers < 1 || oc.keys < 1 || oc.duration <= 0 {
+		fmt.Fprintln(stderr, "soak: -workers, -keys and -duration must be positive")
+		return 2
+	}
+	rep, err := runOutage(oc, stdout)
+	if err != nil {
+		fmt.Fprintln(stderr, "soak:", err)
+		return 1
+	}
+	return verdict(rep.failures(), stdout, stderr)
 }
 
 // Value is what the soak stores.
@@ -288,6 +333,23 @@ func errKind(err error) string {
 	}
 }
 
+// goroutinesBackTo waits up to 5 seconds (timers and connection closers
+// may take a moment) for the goroutine count to fall to start, and returns
+// the count, with every goroutine's stack if it did not.
+func goroutinesBackTo(start int) (n int, stacks string) {
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n = runtime.NumGoroutine()
+		if n <= start || time.Now().After(end) {
+			break
+		}
+	}
+	if n > start {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+	}
+	return n, stacks
+}
+
 // corpus is the text payloads are cut from: words (compressible) with runs
 // of random hex (not), so every codec has work of both kinds.
 func makeCorpus(n int, r *mrand.Rand) string {
@@ -310,22 +372,36 @@ func makeCorpus(n int, r *mrand.Rand) string {
 	return sb.String()[:n]
 }
 
-// startRedis starts a redis-server on a free port in a temporary
-// directory and returns its address and a function that stops it.
-func startRedis() (string, func(), error) {
+// server is a redis-server the soak started.
+type server struct {
+	addr string
+	proc *os.Process // this server's process only: the soak signals nothing else
+	stop func()      // resumes it if paused, stops it, removes its directory
+}
+
+// pause stops the server with SIGSTOP: connections stay open, nothing is
+// answered, and what clients write is read when it resumes.
+func (s *server) pause() error { return s.proc.Signal(syscall.SIGSTOP) }
+
+// resume continues a paused server (SIGCONT).
+func (s *server) resume() error { return s.proc.Signal(syscall.SIGCONT) }
+
+// startRedis starts a redis-server on a free port (never 6379) in a
+// temporary directory.
+func startRedis() (*server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return "", nil, fmt.Errorf("no -addr or REDIS_ADDR given and redis-server not on PATH: %w", err)
+		return nil, fmt.Errorf("no -addr or REDIS_ADDR given and redis-server not on PATH: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "packcache-soak-")
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	var lastErr error
 	for range 5 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return "", nil, err
+			return nil, err
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
@@ -338,11 +414,13 @@ func startRedis() (string, func(), error) {
 			"--daemonize", "no", "--loglevel", "warning", "--logfile", dir+"/redis.log")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := cmd.Start(); err != nil {
-			return "", nil, err
+			return nil, err
 		}
 		exited := make(chan struct{})
 		go func() { cmd.Wait(); close(exited) }()
 		stop := func() {
+			// A stopped process acts on SIGTERM only once continued.
+			cmd.Process.Signal(syscall.SIGCONT)
 			cmd.Process.Signal(syscall.SIGTERM)
 			select {
 			case <-exited:
@@ -373,23 +451,24 @@ func startRedis() (string, func(), error) {
 		}
 		c.Close()
 		if lastErr == nil {
-			return addr, stop, nil
+			return &server{addr: addr, proc: cmd.Process, stop: stop}, nil
 		}
 		stop()
 		dir, _ = os.MkdirTemp("", "packcache-soak-")
 	}
 	os.RemoveAll(dir)
-	return "", nil, fmt.Errorf("redis-server did not start: %v", lastErr)
+	return nil, fmt.Errorf("redis-server did not start: %v", lastErr)
 }
 
 func run(cfg config, out io.Writer) (*report, error) {
 	addr, stopRedis := cfg.addr, func() {}
 	external := addr != ""
 	if !external {
-		var err error
-		if addr, stopRedis, err = startRedis(); err != nil {
+		srv, err := startRedis()
+		if err != nil {
 			return nil, err
 		}
+		addr, stopRedis = srv.addr, srv.stop
 	}
 	defer stopRedis()
 
@@ -611,17 +690,7 @@ func run(cfg config, out io.Writer) (*report, error) {
 	rdb.Close()
 	cache, rdb, corpus, keys, states = nil, nil, "", nil, nil
 
-	// Goroutines: timers and connection closers may take a moment.
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		rep.goroutines[1] = runtime.NumGoroutine()
-		if rep.goroutines[1] <= rep.goroutines[0] || time.Now().After(end) {
-			break
-		}
-	}
-	if rep.goroutines[1] > rep.goroutines[0] {
-		buf := make([]byte, 1<<20)
-		rep.leakDetail = string(buf[:runtime.Stack(buf, true)])
-	}
+	rep.goroutines[1], rep.leakDetail = goroutinesBackTo(rep.goroutines[0])
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&ms)

@@ -33,6 +33,43 @@ func TestSoakShort(t *testing.T) {
 	}
 }
 
+// TestSoakOutage runs the outage mode for 7 seconds (two or three stops of
+// its own redis-server): no read begun once a resume had settled may be
+// stale, no write may be undone, and every failed write must have returned
+// ErrPending. It skips when redis-server is not on PATH, unless
+// PACKCACHE_REQUIRE_REDIS=1.
+func TestSoakOutage(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("PACKCACHE_REQUIRE_REDIS") == "1" {
+			t.Fatal("redis-server not on PATH and PACKCACHE_REQUIRE_REDIS=1")
+		}
+		t.Skip("redis-server not on PATH")
+	}
+	cfg := defaultOutageConfig()
+	cfg.duration = 7 * time.Second
+	var out bytes.Buffer
+	rep, err := runOutage(cfg, &out)
+	t.Logf("soak -outage output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rep.own.stale.Load(); n > 0 {
+		t.Errorf("%d stale reads after a resume settled", n)
+	}
+	if n := rep.other.stale.Load(); n > 0 {
+		t.Errorf("%d stale values in Redis after a resume settled", n)
+	}
+	if rep.undone > 0 {
+		t.Errorf("%d writes undone", rep.undone)
+	}
+	if rep.pending.Load() == 0 {
+		t.Errorf("no write got ErrPending in %d outages: the run checked nothing", rep.outages)
+	}
+	if fails := rep.failures(); len(fails) > 0 {
+		t.Fatal(strings.Join(fails, "\n"))
+	}
+}
+
 // TestSoakCLI checks the flags and the exit status of a clean run.
 func TestSoakCLI(t *testing.T) {
 	var out, errOut bytes.Buffer
@@ -41,5 +78,12 @@ func TestSoakCLI(t *testing.T) {
 	}
 	if code := cli([]string{"-nosuchflag"}, &out, &errOut); code != 2 {
 		t.Errorf("unknown flag: exit %d, want 2", code)
+	}
+	// The outage mode stops the server it uses: never one it did not start.
+	if code := cli([]string{"-outage", "-addr", "127.0.0.1:6379"}, &out, &errOut); code != 2 {
+		t.Errorf("-outage -addr: exit %d, want 2", code)
+	}
+	if code := cli([]string{"-outage", "-keys", "0"}, &out, &errOut); code != 2 {
+		t.Errorf("-outage -keys 0: exit %d, want 2", code)
 	}
 }
