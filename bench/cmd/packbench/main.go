@@ -1,7 +1,9 @@
 // Command packbench measures packcache against hand-written go-redis code,
 // github.com/go-redis/cache and github.com/redis/rueidis (its client-side
 // caching, DoCache, and rueidisaside; see rueidis.go): stored sizes per
-// codec, compression break-even, Set/Get cost, bulk load, Redis memory,
+// codec (the brotli user codec beside the built-in ones), compression
+// break-even, Set/Get cost, small values with and without a zstd
+// dictionary, serializers (msgpack against go-json), bulk load, Redis memory,
 // request surges, the near cache (Get throughput of a hot key, how soon another process's
 // write is seen, a surge), and a list of performance targets. Every suite
 // prints a markdown table.
@@ -61,7 +63,7 @@ type config struct {
 	netDelay time.Duration
 }
 
-var allSuites = []string{"sizes", "threshold", "cost", "bulk", "backlog", "surge", "near", "peers", "serve"}
+var allSuites = []string{"sizes", "threshold", "cost", "small", "formats", "bulk", "backlog", "surge", "near", "peers", "serve"}
 
 // env is what every suite runs against.
 type env struct {
@@ -313,6 +315,8 @@ func run(cfg config) int {
 		{"sizes", e.suiteSizes},
 		{"threshold", e.suiteThreshold},
 		{"cost", e.suiteCost},
+		{"small", e.suiteSmall},
+		{"formats", e.suiteFormats},
 		{"bulk", e.suiteBulk},
 		{"backlog", e.suiteBacklog},
 		{"surge", e.suiteSurge},

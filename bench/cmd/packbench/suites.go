@@ -33,10 +33,11 @@ var (
 		{"lz4", codec.LZ4}, {"lz4hc", codec.LZ4HC}, {"snappy", codec.Snappy},
 		{"zstd-fastest", codec.Zstd}, {"zstd-default", codec.ZstdDefault},
 		{"zstd-better", codec.ZstdBetter}, {"zstd-best", codec.ZstdBest},
+		{"brotli-1", brotli1},
 	}
 	costCodecs = []namedCodec{
 		{"none", codec.None}, {"lz4", codec.LZ4}, {"lz4hc", codec.LZ4HC}, {"snappy", codec.Snappy},
-		{"zstd", codec.Zstd}, {"zstd-best", codec.ZstdBest},
+		{"zstd", codec.Zstd}, {"zstd-best", codec.ZstdBest}, {"brotli-1", brotli1},
 	}
 	bulkCodecs    = []namedCodec{{"none", codec.None}, {"lz4", codec.LZ4}, {"snappy", codec.Snappy}, {"zstd", codec.Zstd}}
 	backlogCodecs = []namedCodec{plainCodec, {"lz4", codec.LZ4}, {"snappy", codec.Snappy}, {"zstd", codec.Zstd}, {"zstd-best", codec.ZstdBest}}
