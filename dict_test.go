@@ -571,10 +571,10 @@ func emptyDictValue(id uint32) []byte {
 // fetched again when read.
 func TestDictionaryBounded(t *testing.T) {
 	t.Parallel()
+	const n = 100
+	ctx := ctxT(t)
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
-	ctx := ctxT(t)
-	const n = 100
 	for i := range n {
 		rdb.Set(ctx, "p:"+strconv.Itoa(i), emptyDictValue(1<<20+uint32(i)), 0)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -25,18 +24,8 @@ func init() {
 
 // ---------------------------------------------------------------- formats
 
-// stdJSONSerializer is encoding/json as a packcache.Serializer.
-type stdJSONSerializer struct{}
-
-func (stdJSONSerializer) Marshal(dst []byte, v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	return append(dst, b...), err
-}
-func (stdJSONSerializer) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-func (stdJSONSerializer) Text() bool                         { return true }
-
 // suiteFormats measures the serializers on the chat channel: packcache.JSON
-// (goccy/go-json), encoding/json and MessagePack (module
+// (goccy/go-json) and MessagePack (module
 // github.com/packcache/packcache/msgpack).
 func (e *env) suiteFormats(ctx context.Context) error {
 	sizes := []int{1 << 10, 10 << 10, 128 << 10}
@@ -48,7 +37,6 @@ func (e *env) suiteFormats(ctx context.Context) error {
 		s    packcache.Serializer
 	}{
 		{"packcache.JSON (go-json)", packcache.JSON},
-		{"encoding/json", stdJSONSerializer{}},
 		{"msgpack", msgpack.Serializer},
 	}
 	e.header("formats", fmt.Sprintf("Serializers on a chat channel (Channel struct): serialized bytes, and what packcache.Cache[Channel] with WithSerializer(s) stores with the default codec (zstd above 1024 B) and with brotli 1 (WithCodec). "+
