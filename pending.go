@@ -127,7 +127,14 @@ func (o *owed) wrote(key string, stored []byte, ok bool) {
 		k.writes--
 		if ok {
 			k.keep = keep
-			k.answered = time.Time{} // an older write may still land: settle anew
+			// Its reply is Redis answering: writes sent before that which
+			// land late do so in the moments after, so a DEL sent
+			// settleAfter after the first answer follows them. A later
+			// answer does not move that moment (a key written more often
+			// than settleAfter would never land).
+			if k.answered.IsZero() {
+				k.answered = time.Now()
+			}
 		}
 	}
 	o.mu.Unlock()
