@@ -1,10 +1,11 @@
 // Command fill loads test data into a Redis for trying and timing the
-// packcache command: generated chat channels, or the files of a directory
+// packcache command: generated chat channels or user profiles, or the files of a directory
 // (such as the shared JSON corpus) as one value each. It writes values as
 // a packcache writer would: plain JSON at or below -compress-above bytes,
 // framed with the codec's header byte above it.
 //
 //	go run ./internal/fill -addr 127.0.0.1:7001 -prefix channel: -n 2000 -min 2048 -max 131072
+//	go run ./internal/fill -addr 127.0.0.1:7001 -prefix user: -n 20000 -kind profile
 //	go run ./internal/fill -addr 127.0.0.1:7001 -prefix corpus: -dir /work/shared/corpus
 //
 // It refuses 127.0.0.1:6379 (and any :6379): start a redis-server of your own.
@@ -30,7 +31,8 @@ func main() {
 	addr := flag.String("addr", "", "Redis host:port (required; not :6379)")
 	cluster := flag.Bool("cluster", false, "addr is a cluster seed")
 	prefix := flag.String("prefix", "channel:", "key prefix")
-	n := flag.Int("n", 2000, "channels to generate")
+	n := flag.Int("n", 2000, "values to generate")
+	kind := flag.String("kind", "channel", "what to generate: channel (of -min to -max bytes) or profile (30-400 bytes)")
 	lo := flag.Int("min", 2048, "smallest channel, bytes")
 	hi := flag.Int("max", 128<<10, "largest channel, bytes")
 	dir := flag.String("dir", "", "load every *.json file of this directory instead, as PREFIX+NAME")
@@ -94,7 +96,11 @@ func main() {
 		}
 	} else {
 		for i := range *n {
-			set(fmt.Sprintf("%s%d", *prefix, i), gen.Channel(rng, i, gen.LogUniform(rng, *lo, *hi)))
+			if *kind == "profile" {
+				set(fmt.Sprintf("%s%d", *prefix, i), gen.Profile(rng, i))
+			} else {
+				set(fmt.Sprintf("%s%d", *prefix, i), gen.Channel(rng, i, gen.LogUniform(rng, *lo, *hi)))
+			}
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
