@@ -394,8 +394,9 @@ func TestDictionaryPublishFails(t *testing.T) {
 		}
 	}
 	mu.Lock()
-	if len(reported) != 1 || !errors.Is(reported[0], packcache.ErrRedis) || !strings.Contains(reported[0].Error(), codec.DictionaryKey(dictID(t, d))) {
-		t.Errorf("reported %v, want one error naming the dictionary's key", reported)
+	// One report, and one more for each second the writes took.
+	if len(reported) == 0 || !errors.Is(reported[0], packcache.ErrRedis) || !strings.Contains(reported[0].Error(), codec.DictionaryKey(dictID(t, d))) {
+		t.Errorf("reported %v, want an error naming the dictionary's key", reported)
 	}
 	mu.Unlock()
 	checkProfiles(t, mustNew[Profile](t, admin), "p:", vs)
@@ -584,19 +585,24 @@ func TestDictionaryBounded(t *testing.T) {
 			t.Fatalf("Get p:%d: %v, want an unknown dictionary", i, err)
 		}
 	}
+	var oldest time.Time // when the first id still remembered was fetched
 	for i := range n {
+		if i == n-64 {
+			oldest = time.Now()
+		}
 		read(i)
 	}
 	s.ResetStats(t)
-	for i := n - 64; i < n; i++ { // remembered as missing (for a second)
-		read(i)
-	}
-	if got := s.CommandCount(t, "getrange"); got != 0 {
-		t.Errorf("the last 64 ids read again: %d fetches, want 0 within the second they are remembered", got)
-	}
+	read(n - 64) // the oldest remembered, then the newest: fetched only if forgotten
+	read(n - 1)
+	remembered := s.CommandCount(t, "getrange")
 	read(0)
-	if got := s.CommandCount(t, "getrange"); got != 1 {
-		t.Errorf("the first id read again: %d fetches, want 1 (forgotten, past the bound)", got)
+	forgotten := s.CommandCount(t, "getrange") - remembered
+	if time.Since(oldest) > 900*time.Millisecond {
+		t.Skipf("reads too slow here (%v) to tell the bound from the second a missing id is remembered", time.Since(oldest))
+	}
+	if remembered != 0 || forgotten != 1 {
+		t.Errorf("read again, the last 64 ids made %d fetches (want 0: remembered) and the first %d (want 1: forgotten, past the bound)", remembered, forgotten)
 	}
 }
 
