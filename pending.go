@@ -194,9 +194,9 @@ func (c *Cache[T]) owe(op, key string, p *policy[T], ttl time.Duration, err erro
 	if err == nil || !errors.Is(err, ErrRedis) {
 		return err
 	}
-	var until time.Time
-	if longest := max(p.ttl, ttl); longest != Off && p.ttl != Off {
-		until = time.Now().Add(longest + p.staleFor)
+	var until time.Time // zero: the old value, or a late landing of this write, may never expire
+	if p.ttl != Off && ttl != Off {
+		until = time.Now().Add(max(p.ttl, ttl) + p.staleFor)
 	}
 	o := &c.owed
 	o.mu.Lock()

@@ -346,3 +346,28 @@ func TestPendingSparesLaterSet(t *testing.T) {
 		t.Fatalf("Get = %q, %v", v, err)
 	}
 }
+
+// TestPendingExpires: an invalidation still pending once the longest TTL
+// the old value could have had has passed is dropped: Redis has expired
+// the value anyway.
+func TestPendingExpires(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	ctx := ctxT(t)
+	c := mustNew[string](t, rdb, packcache.WithTTL(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond),
+		packcache.WithCircuitBreaker(1, time.Minute))
+	s.Pause(t)
+	defer s.Resume(t)
+	if err := c.Delete(ctx, "k"); !errors.Is(err, packcache.ErrPending) {
+		t.Fatalf("Delete: %v, want ErrPending", err)
+	}
+	waitFor(t, 3*time.Second, "the invalidation dropped after the TTL", func() bool {
+		st := c.Stats()
+		return st.Pending == 0 && st.PendingExpired == 1
+	})
+	if st := c.Stats(); st.PendingApplied != 0 || st.PendingKept != 1 {
+		t.Fatalf("Stats: %+v", st)
+	}
+}
