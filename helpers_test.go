@@ -193,3 +193,23 @@ func eventually(d time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+// brokenSerializer is JSON whose Marshal fails (err) or panics (panics),
+// standing in for a value the serializer cannot encode. (Tests use it with
+// the T types the suite already has: every distinct T instantiates the
+// whole Cache again, which the compiler pays for.)
+type brokenSerializer struct {
+	err    error
+	panics bool
+}
+
+func (b brokenSerializer) Marshal(dst []byte, v any) ([]byte, error) {
+	if b.panics {
+		panic("MarshalJSON exploded")
+	}
+	return dst, b.err
+}
+
+func (brokenSerializer) Unmarshal(data []byte, v any) error { return packcache.JSON.Unmarshal(data, v) }
+
+func (brokenSerializer) Text() bool { return true }

@@ -787,21 +787,17 @@ func TestHeapPerColdCall(t *testing.T) {
 	rdb := s.Client(t, func(o *redis.Options) { o.PoolSize = 64 })
 	rdb.AddHook(hook)
 	ctx := context.Background()
-	type small struct {
-		ID   int    `json:"id"`
-		Name string `json:"name"`
-	}
 	const n = 5_000
 	var entered atomic.Int64
 	var block atomic.Bool
 	loaded := make(chan struct{})
-	c := mustNew[small](t, rdb, packcache.WithRedisTimeout(time.Minute), packcache.WithLoadTimeout(time.Minute),
-		packcache.WithLoader(packcache.LoaderFunc[small](func(ctx context.Context, key string) (small, error) {
+	c := mustNew[string](t, rdb, packcache.WithRedisTimeout(time.Minute), packcache.WithLoadTimeout(time.Minute),
+		packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 			if block.Load() {
 				entered.Add(1)
 				<-loaded
 			}
-			return small{ID: 7, Name: "a thirty-byte v"}, nil
+			return "a value of thirty bytes, as JSON", nil
 		})))
 	c.Get(ctx, "warm-up") // make the scripts known, the pool warm
 	block.Store(true)
@@ -818,7 +814,7 @@ func TestHeapPerColdCall(t *testing.T) {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute) // a cancellable context, as in a server
 			defer cancel()
-			if v, err := c.Get(cctx, fmt.Sprintf("cold:%d", i)); err != nil || v.ID != 7 {
+			if v, err := c.Get(cctx, fmt.Sprintf("cold:%d", i)); err != nil || v != "a value of thirty bytes, as JSON" {
 				t.Errorf("Get: %+v, %v", v, err)
 			}
 		})
@@ -990,10 +986,6 @@ func TestLoaderGoexit(t *testing.T) {
 	}
 }
 
-type panicky struct{ N int }
-
-func (panicky) MarshalJSON() ([]byte, error) { panic("MarshalJSON exploded") }
-
 // TestMarshalPanic: a panic in the serializer on a loaded value, in a
 // load run on a goroutine of the cache's, must neither kill the process nor
 // leave a lease: every caller gets a *PanicError naming the key.
@@ -1002,16 +994,16 @@ func TestMarshalPanic(t *testing.T) {
 	for _, mode := range []string{"get", "nocoalesce", "many"} {
 		t.Run(mode, func(t *testing.T) {
 			_, rdb := single(t)
-			ld := packcache.LoaderFunc[panicky](func(ctx context.Context, key string) (panicky, error) { return panicky{1}, nil })
-			opts := []packcache.Option{packcache.WithLoader[panicky](ld)}
+			ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) { return "v", nil })
+			opts := []packcache.Option{packcache.WithLoader[string](ld), packcache.WithSerializer(brokenSerializer{panics: true})}
 			if mode == "nocoalesce" {
 				opts = append(opts, packcache.WithCoalescing(false))
 			}
-			c := mustNew[panicky](t, rdb, opts...)
+			c := mustNew[string](t, rdb, opts...)
 			var err error
 			if mode == "many" {
-				_, err = c.GetOrLoadMany(ctxT(t), []string{"p"}, func(ctx context.Context, keys []string) (map[string]panicky, error) {
-					return map[string]panicky{"p": {1}}, nil
+				_, err = c.GetOrLoadMany(ctxT(t), []string{"p"}, func(ctx context.Context, keys []string) (map[string]string, error) {
+					return map[string]string{"p": "v"}, nil
 				})
 			} else {
 				_, err = c.Get(ctxT(t), "p")
@@ -1033,18 +1025,18 @@ func TestPerCallerUndecodableNotReloaded(t *testing.T) {
 	ctx := ctxT(t)
 	rdb.Set(ctx, "n", `"not a number"`, 0)
 	var calls atomic.Int64
-	ld := packcache.LoaderFunc[int](func(ctx context.Context, key string) (int, error) { calls.Add(1); return 42, nil })
+	ld := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) { calls.Add(1); return Channel{ID: "42"}, nil })
 	for _, per := range []bool{false, true} {
 		rdb.Set(ctx, "n", `"not a number"`, 0)
-		opts := []packcache.Option{packcache.WithLoader[int](ld)}
+		opts := []packcache.Option{packcache.WithLoader[Channel](ld)}
 		if per {
 			opts = append(opts, packcache.WithDecodePerCaller())
 		}
-		c := mustNew[int](t, rdb, opts...)
+		c := mustNew[Channel](t, rdb, opts...) // a JSON string is not a Channel
 		v, err := c.Get(ctx, "n")
-		t.Logf("perCaller=%v: Get = %d, %v; Redis holds %s", per, v, err, rawState(t, rdb, "n"))
-		if err != nil || v != 42 {
-			t.Errorf("perCaller=%v: read-through Get of an undecodable value = %d, %v; want it reloaded (42)", per, v, err)
+		t.Logf("perCaller=%v: Get = %+v, %v; Redis holds %s", per, v, err, rawState(t, rdb, "n"))
+		if err != nil || v.ID != "42" {
+			t.Errorf("perCaller=%v: read-through Get of an undecodable value = %+v, %v; want it reloaded (42)", per, v, err)
 		}
 	}
 }
