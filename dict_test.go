@@ -127,18 +127,18 @@ func dictID(t testing.TB, d []byte) uint32 {
 }
 
 // setProfiles stores vs under prefix0 ... prefixN-1.
-func setProfiles(t testing.TB, c *packcache.Cache[Profile], prefix string, vs []Profile) {
+func setProfiles(t testing.TB, c *packcache.Cache[json.RawMessage], prefix string, vs []Profile) {
 	t.Helper()
 	ctx := ctxT(t)
 	for i, v := range vs {
-		if err := c.Set(ctx, prefix+strconv.Itoa(i), v); err != nil {
+		if err := c.Set(ctx, prefix+strconv.Itoa(i), mustJSON(t, v)); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
 // checkProfiles fails the test unless c reads back vs under prefix.
-func checkProfiles(t testing.TB, c *packcache.Cache[Profile], prefix string, vs []Profile) {
+func checkProfiles(t testing.TB, c *packcache.Cache[json.RawMessage], prefix string, vs []Profile) {
 	t.Helper()
 	ctx := ctxT(t)
 	for i, want := range vs {
@@ -146,13 +146,16 @@ func checkProfiles(t testing.TB, c *packcache.Cache[Profile], prefix string, vs 
 		if err != nil {
 			t.Fatalf("Get %s%d: %v", prefix, i, err)
 		}
-		if a, b := mustJSON(t, got), mustJSON(t, want); !bytes.Equal(a, b) {
+		if a, b := []byte(got), mustJSON(t, want); !bytes.Equal(a, b) {
 			t.Fatalf("Get %s%d: %s, want %s", prefix, i, a, b)
 		}
 	}
 }
 
-func mustJSON(t testing.TB, v any) []byte {
+// mustJSON is v's JSON. The tests store profiles as the JSON bytes
+// (Cache[json.RawMessage]): a Cache of a type of their own would be
+// compiled again for it, at a cost of its own to every test run.
+func mustJSON(t testing.TB, v any) json.RawMessage {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -193,7 +196,7 @@ func TestDictionaryStoredRatio(t *testing.T) {
 	redistest.RequireReal(t, s, "MEMORY USAGE")
 	d := profileDictionary(t, 1)
 	vs := profiles(1000, 2)
-	w := mustNew[Profile](t, rdb,
+	w := mustNew[json.RawMessage](t, rdb,
 		packcache.WithPrefix("d:", packcache.Policy{Dictionary: d}),
 		packcache.WithPrefix("n:", packcache.Policy{Codec: codec.None}))
 	setProfiles(t, w, "d:", vs)
@@ -211,7 +214,7 @@ func TestDictionaryStoredRatio(t *testing.T) {
 	}
 	checkProfiles(t, w, "d:", vs)
 
-	r := mustNew[Profile](t, rdb) // no dictionary
+	r := mustNew[json.RawMessage](t, rdb) // no dictionary
 	checkProfiles(t, r, "d:", vs)
 	tg := redistest.Target{Name: "single", Client: rdb, Server: s}
 	want := fmt.Sprintf("read %d %s", len(vs), profilesDigest(t, vs))
@@ -229,7 +232,7 @@ func dictChild(rdb redis.UniversalClient, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, err := packcache.New[Profile](rdb)
+	c, err := packcache.New[json.RawMessage](rdb)
 	if err != nil {
 		return err
 	}
@@ -240,8 +243,7 @@ func dictChild(rdb redis.UniversalClient, args []string) error {
 		if err != nil {
 			return err
 		}
-		b, _ := json.Marshal(v)
-		h.Write(b)
+		h.Write(v)
 	}
 	fmt.Printf("read %d %s\n", n, hex.EncodeToString(h.Sum(nil)))
 	return nil
@@ -258,9 +260,9 @@ func TestDictionaryRotation(t *testing.T) {
 		t.Fatal("two trainings gave one dictionary")
 	}
 	old, cur := profiles(100, 13), profiles(100, 14)
-	w1 := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d1}))
+	w1 := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d1}))
 	setProfiles(t, w1, "p:old:", old)
-	w2 := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d2}))
+	w2 := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d2}))
 	setProfiles(t, w2, "p:new:", cur)
 	for gen, want := range map[string]uint32{"old": dictID(t, d1), "new": dictID(t, d2)} {
 		for i := range 100 {
@@ -269,7 +271,7 @@ func TestDictionaryRotation(t *testing.T) {
 			}
 		}
 	}
-	for name, c := range map[string]*packcache.Cache[Profile]{"old": w1, "new": w2, "none": mustNew[Profile](t, rdb)} {
+	for name, c := range map[string]*packcache.Cache[json.RawMessage]{"old": w1, "new": w2, "none": mustNew[json.RawMessage](t, rdb)} {
 		t.Run("reader with "+name, func(t *testing.T) {
 			checkProfiles(t, c, "p:old:", old)
 			checkProfiles(t, c, "p:new:", cur)
@@ -287,9 +289,9 @@ func TestDictionaryReferenceZstd(t *testing.T) {
 	}
 	_, rdb := single(t)
 	d := profileDictionary(t, 21)
-	c := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	c := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
 	v := profiles(1, 22)[0]
-	if err := c.Set(ctxT(t), "p:1", v); err != nil {
+	if err := c.Set(ctxT(t), "p:1", mustJSON(t, v)); err != nil {
 		t.Fatal(err)
 	}
 	stored := rawGet(t, rdb, "p:1")
@@ -334,7 +336,7 @@ func TestDictionaryPublished(t *testing.T) {
 			case "expiring":
 				rdb.Set(ctx, key, pd.Bytes(), time.Hour)
 			}
-			c := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+			c := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
 			s.ResetStats(t)
 			setProfiles(t, c, "p:", profiles(50, 32))
 			scripts := func() int64 { return s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval") }
@@ -380,7 +382,7 @@ func TestDictionaryPublishFails(t *testing.T) {
 	d := profileDictionary(t, 41)
 	var mu sync.Mutex
 	var reported []error
-	c := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}),
+	c := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}),
 		packcache.WithErrorHandler(func(_ context.Context, key string, err error) {
 			mu.Lock()
 			reported = append(reported, err)
@@ -399,14 +401,14 @@ func TestDictionaryPublishFails(t *testing.T) {
 		t.Errorf("reported %v, want an error naming the dictionary's key", reported)
 	}
 	mu.Unlock()
-	checkProfiles(t, mustNew[Profile](t, admin), "p:", vs)
+	checkProfiles(t, mustNew[json.RawMessage](t, admin), "p:", vs)
 
 	// Allowed to publish, the writer does so a second after the failure.
 	if err := admin.Do(ctx, "ACL", "SETUSER", "writer", "allkeys").Err(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "a write with the dictionary", func() bool {
-		if err := c.Set(ctx, "p:later", vs[0]); err != nil {
+		if err := c.Set(ctx, "p:later", mustJSON(t, vs[0])); err != nil {
 			t.Fatal(err)
 		}
 		return rawGet(t, admin, "p:later")[0] == codec.HeaderZstdDict
@@ -426,31 +428,31 @@ func TestDictionaryMissing(t *testing.T) {
 	ctx := ctxT(t)
 	d := profileDictionary(t, 51)
 	id := dictID(t, d)
-	w := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
 	v := profiles(1, 52)[0]
-	if err := w.Set(ctx, "p:1", v); err != nil {
+	if err := w.Set(ctx, "p:1", mustJSON(t, v)); err != nil {
 		t.Fatal(err)
 	}
 	stored := rawGet(t, rdb, "p:1")
 	published := rawGet(t, rdb, codec.DictionaryKey(id))
 	rdb.Del(ctx, codec.DictionaryKey(id))
 
-	r := mustNew[Profile](t, rdb)
+	r := mustNew[json.RawMessage](t, rdb)
 	_, err := r.Get(ctx, "p:1")
 	var de *codec.DictionaryError
 	if !errors.Is(err, codec.ErrUnknownDictionary) || !errors.As(err, &de) || de.ID != id || !strings.Contains(err.Error(), fmt.Sprintf("%08x", id)) {
 		t.Fatalf("Get: %v, want an unknown dictionary %08x", err, id)
 	}
 	var reported atomic.Int64
-	loaded := Profile{ID: 1, Username: "from the loader"}
-	rl := mustNew[Profile](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Profile](func(context.Context, string) (Profile, error) {
+	loaded := mustJSON(t, Profile{ID: 1, Username: "from the loader"})
+	rl := mustNew[json.RawMessage](t, rdb, packcache.WithLoader(packcache.LoaderFunc[json.RawMessage](func(context.Context, string) (json.RawMessage, error) {
 		return loaded, nil
 	})), packcache.WithErrorHandler(func(_ context.Context, _ string, err error) {
 		if errors.Is(err, codec.ErrUnknownDictionary) {
 			reported.Add(1)
 		}
 	}))
-	if got, err := rl.Get(ctx, "p:1"); err != nil || got.Username != loaded.Username {
+	if got, err := rl.Get(ctx, "p:1"); err != nil || !bytes.Equal(got, loaded) {
 		t.Fatalf("read-through Get: %+v, %v; want the loader's value", got, err)
 	}
 	if reported.Load() == 0 {
@@ -465,7 +467,7 @@ func TestDictionaryMissing(t *testing.T) {
 	rdb.Set(ctx, codec.DictionaryKey(id), published, 0)
 	waitFor(t, 5*time.Second, "the dictionary, published again", func() bool {
 		got, err := r.Get(ctx, "p:1")
-		return err == nil && got.Username == v.Username
+		return err == nil && bytes.Equal(got, mustJSON(t, v))
 	})
 }
 
@@ -478,8 +480,8 @@ func TestDictionaryHostile(t *testing.T) {
 	ctx := ctxT(t)
 	d, other := profileDictionary(t, 61), profileDictionary(t, 62)
 	id := dictID(t, d)
-	w := mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
-	if err := w.Set(ctx, "p:1", profiles(1, 63)[0]); err != nil {
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	if err := w.Set(ctx, "p:1", mustJSON(t, profiles(1, 63)[0])); err != nil {
 		t.Fatal(err)
 	}
 	stored := rawGet(t, rdb, "p:1")
@@ -500,7 +502,7 @@ func TestDictionaryHostile(t *testing.T) {
 			if err := put(); err != nil {
 				t.Fatal(err)
 			}
-			r := mustNew[Profile](t, rdb) // a new cache: nothing remembered
+			r := mustNew[json.RawMessage](t, rdb) // a new cache: nothing remembered
 			runtime.GC()
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
@@ -527,8 +529,8 @@ func TestDictionaryFetchedOnce(t *testing.T) {
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
 	d, vs := profileDictionary(t, 71), profiles(200, 72)
-	setProfiles(t, mustNew[Profile](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d})), "p:", vs)
-	r := mustNew[Profile](t, rdb)
+	setProfiles(t, mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d})), "p:", vs)
+	r := mustNew[json.RawMessage](t, rdb)
 	s.ResetStats(t)
 	var wg sync.WaitGroup
 	errs := make([]error, len(vs))
