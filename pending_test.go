@@ -371,3 +371,71 @@ func TestPendingExpires(t *testing.T) {
 		t.Fatalf("Stats: %+v", st)
 	}
 }
+
+// TestPendingBatchWrites: the batch twins follow the same rule. SetMany
+// and a Delete of several keys that fail with the breaker open return
+// ErrPending for each key; GetOrLoadMany of those keys never returns what
+// Redis still holds; and the invalidations land once Redis answers.
+func TestPendingBatchWrites(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	admin := s.Client(t)
+	ctx := ctxT(t)
+	c := mustNew[string](t, rdb, packcache.WithRedisTimeout(200*time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute))
+	keys := []string{"b:1", "b:2", "b:3", "b:4"}
+	for _, k := range keys {
+		admin.Set(ctx, k, `"old"`, 0)
+	}
+	s.Pause(t)
+	paused := true
+	defer func() {
+		if paused {
+			s.Resume(t)
+		}
+	}()
+	c.Delete(ctx, "opens-the-breaker")
+	err := c.SetMany(ctx, map[string]string{"b:1": "new", "b:2": "new"})
+	for _, k := range []string{"b:1", "b:2"} {
+		if !errors.Is(err, packcache.ErrPending) || !strings.Contains(err.Error(), `"`+k+`"`) {
+			t.Fatalf("SetMany with the breaker open: %v, want ErrPending naming %s", err, k)
+		}
+	}
+	if err := c.Delete(ctx, "b:3", "b:4"); !errors.Is(err, packcache.ErrPending) || !strings.Contains(err.Error(), `"b:4"`) {
+		t.Fatalf("Delete of two keys with the breaker open: %v, want ErrPending for each", err)
+	}
+	if st := c.Stats(); st.Pending != 5 {
+		t.Fatalf("%d pending, want 5", st.Pending)
+	}
+	s.Resume(t)
+	paused = false
+	load := func(ctx context.Context, missing []string) (map[string]string, error) {
+		m := map[string]string{}
+		for _, k := range missing {
+			m[k] = "new"
+		}
+		return m, nil
+	}
+	// Until the invalidations land, Redis may still hold "old".
+	for deadline := time.Now().Add(2 * time.Second); c.Stats().Pending > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d invalidations still pending 2 s after Redis resumed", c.Stats().Pending)
+		}
+		got, err := c.GetOrLoadMany(ctx, keys, load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range got {
+			if v == "old" {
+				t.Fatalf("GetOrLoadMany returned the old value of %s while its invalidation was pending", k)
+			}
+		}
+	}
+	// Landed: each key is gone, or holds what a load stored since.
+	for _, k := range keys {
+		if v := admin.Get(ctx, k).Val(); v == `"old"` {
+			t.Fatalf("%s still holds the old value after its invalidation landed", k)
+		}
+	}
+}
