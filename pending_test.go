@@ -439,3 +439,36 @@ func TestPendingBatchWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingObserved: the observer is told how many invalidations are
+// pending when one is kept (with its error) and when they land.
+func TestPendingObserved(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	ctx := ctxT(t)
+	rec := &recorder{}
+	c := mustNew[string](t, rdb, packcache.WithObserver(rec), packcache.WithRedisTimeout(200*time.Millisecond),
+		packcache.WithCircuitBreaker(1, time.Minute))
+	s.Pause(t)
+	c.Delete(ctx, "a")
+	c.Delete(ctx, "b")
+	s.Resume(t)
+	waitFor(t, 2*time.Second, "the invalidations landing", func() bool { return c.Stats().Pending == 0 })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var kept []int
+	landed := false
+	for _, e := range rec.redis {
+		switch {
+		case e.Err != nil && errors.Is(e.Err, packcache.ErrPending):
+			kept = append(kept, e.Pending)
+		case e.Err == nil && e.Breaker == "" && e.Pending == 0:
+			landed = true
+		}
+	}
+	if len(kept) != 2 || kept[0] != 1 || kept[1] != 2 || !landed {
+		t.Fatalf("observer saw kept events with Pending %v and a landing event %v; want [1 2] and true: %+v", kept, landed, rec.redis)
+	}
+}
