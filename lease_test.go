@@ -471,8 +471,8 @@ func TestRefreshOverwritesDeleteThenReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Set(ctx, "k", "A")
-	time.Sleep(150 * time.Millisecond)
-	c.Get(ctx, "k") // starts the refresh
+	rdb.PExpire(ctx, "k", 10*time.Second-150*time.Millisecond) // 150 ms old: due for refresh
+	c.Get(ctx, "k")                                            // starts the refresh
 	<-entered
 	if err := c.Delete(ctx, "k"); err != nil {
 		t.Fatal(err)
@@ -751,8 +751,8 @@ func TestStaleReloadRacingDelete(t *testing.T) {
 	})
 	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld), packcache.WithTTL(50*time.Millisecond), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Minute}))
 	c.Set(ctx, "st", "A")
-	time.Sleep(80 * time.Millisecond)
-	go c.Get(ctx, "st") // stale: reloads
+	rdb.PExpire(ctx, "st", time.Minute-30*time.Millisecond) // kept for TTL + StaleFor: 80 ms old, past its 50 ms TTL
+	go c.Get(ctx, "st")                                     // stale: reloads
 	<-entered
 	c.Delete(ctx, "st")
 	close(release)
