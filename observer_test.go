@@ -183,6 +183,8 @@ func TestCountersAddUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	var gets, sets atomic.Int64
+	// The near cache serves only once its invalidation stream is proven.
+	waitFor(t, 5*time.Second, "the near cache serving", func() bool { return c.Stats().NearServing })
 	kinds := []string{"ok:", "err:", "none:", "partial:", "big:", "near:", "stale:"}
 	var wg sync.WaitGroup
 	for w := range 8 {
@@ -215,6 +217,13 @@ func TestCountersAddUp(t *testing.T) {
 		t.Fatalf("stale Get = %q, %v", v, err)
 	}
 	sets.Add(1)
+	// A near hit for certain: the first Get keeps the value near, the
+	// second is answered from there.
+	c.Set(ctx, "near:last", "v")
+	sets.Add(1)
+	gets.Add(2)
+	c.Get(ctx, "near:last")
+	c.Get(ctx, "near:last")
 	if err := c.Close(); err != nil { // refreshes and loads under way end
 		t.Fatal(err)
 	}
