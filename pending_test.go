@@ -48,7 +48,7 @@ func (s *source) Load(_ context.Context, k string) (string, error) {
 // returns the old value, during the outage or after it; after SIGCONT the
 // keys are gone from Redis within a second, with no further call.
 func TestInvalidationSurvivesStoppedRedis(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it holds calls to time bounds.
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "pauses the server")
 	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
@@ -139,7 +139,7 @@ func TestInvalidationSurvivesStoppedRedis(t *testing.T) {
 // invalidations of keys on a stopped master land after it resumes, while
 // the keys of the other masters are served and written as usual.
 func TestInvalidationPendingOnClusterMaster(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it holds calls to time bounds.
 	cl := redistest.StartCluster(t, 3)
 	rdb := cl.Universal(t, func(o *redis.UniversalOptions) { o.MaxRetries = -1 })
 	ctx := ctxT(t)
