@@ -560,7 +560,13 @@ func TestGetOrLoadManySharesInFlight(t *testing.T) {
 	ctx := ctxT(t)
 	release, entered := make(chan struct{}), make(chan struct{})
 	var single atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock() // a failure below must not leave the loader blocked
+	// A minute's Redis budget: on a loaded machine the Get's lease must
+	// not time out, or the batch finds no lease to join (this test is
+	// about sharing, not the budget).
+	c := mustNew[Channel](t, rdb, packcache.WithRedisTimeout(time.Minute), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 		single.Add(1)
 		close(entered)
 		<-release
@@ -577,8 +583,8 @@ func TestGetOrLoadManySharesInFlight(t *testing.T) {
 		})
 		done <- m
 	}()
-	waitFor(t, 5*time.Second, "the batch joining the load of x", func() bool { return c.Stats().CoalescedWaits == 1 })
-	close(release)
+	waitFor(t, 10*time.Second, "the batch joining the load of x", func() bool { return c.Stats().CoalescedWaits == 1 })
+	unblock()
 	m := <-done
 	if len(missingSeen) != 1 || missingSeen[0] != "y" {
 		t.Fatalf("batch loader asked for %v, want only y", missingSeen)
