@@ -6,3 +6,11 @@ var (
 	StdJSON Serializer = jsonSerializer{}
 	Gob     Serializer = gobSerializer{}
 )
+
+// HoldGates keeps every update of c's near-cache gates waiting until
+// release is called: it stands for a machine too loaded to run, in time,
+// whatever would close them. c must have a near cache.
+func HoldGates[T any](c *Cache[T]) (release func()) {
+	c.inv.gmu.Lock()
+	return c.inv.gmu.Unlock
+}

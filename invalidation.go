@@ -59,22 +59,31 @@ type invalidator struct {
 	listeners map[string]*listener // by address
 	current   atomic.Pointer[[]*listener]
 
-	// gates say, for each MaxLag of the cache's near caches, whether they
-	// may serve now, so that a near hit costs one atomic load rather than
-	// a clock read. recheck opens and closes them: whenever a proof
-	// arrives or a connection changes, and, by a timer, when the oldest
-	// proof grows older than a gate's MaxLag.
-	gmu    sync.Mutex
-	gates  []*gate
-	expiry *time.Timer // fires when the next open gate must close
+	// gates say, for each MaxLag of the cache's near caches, until when
+	// they may serve, so that a near hit costs an atomic load and a
+	// monotonic clock read rather than a look at every listener. recheck
+	// sets them whenever a proof arrives or a connection changes.
+	gmu   sync.Mutex
+	gates []*gate
 }
 
-// A gate is whether the near caches of one MaxLag may serve: open while
+// A gate is until when the near caches of one MaxLag may serve: while
 // every invalidation connection is subscribed and has proved, within
 // MaxLag, that it applied every write Redis had completed by then.
+//
+// The deadline is compared with the clock on every read, not closed by a
+// timer: a timer fires late on a loaded machine, and a gate it had not
+// closed yet would serve past MaxLag.
 type gate struct {
 	maxLag time.Duration
-	open   atomic.Bool
+	epoch  time.Time    // the invalidator's epoch
+	until  atomic.Int64 // nanoseconds since epoch; 0: closed
+}
+
+// open reports whether the near caches of g may serve now.
+func (g *gate) open() bool {
+	until := g.until.Load()
+	return until != 0 && int64(time.Since(g.epoch)) < until
 }
 
 // gate returns the gate of near caches with maxLag.
@@ -87,7 +96,7 @@ func (inv *invalidator) gate(maxLag time.Duration) *gate {
 		}
 	}
 	if g == nil {
-		g = &gate{maxLag: maxLag}
+		g = &gate{maxLag: maxLag, epoch: inv.epoch}
 		inv.gates = append(inv.gates, g)
 	}
 	inv.gmu.Unlock()
@@ -95,12 +104,12 @@ func (inv *invalidator) gate(maxLag time.Duration) *gate {
 	return g
 }
 
-// recheck opens the gates whose MaxLag the listeners' proofs satisfy and
-// closes the others, and sets the timer for the next to close.
+// recheck sets each gate's deadline from the listeners' proofs: the
+// oldest of their latest proofs plus the gate's MaxLag, or closed while a
+// listener has none.
 func (inv *invalidator) recheck() {
 	inv.gmu.Lock()
 	defer inv.gmu.Unlock()
-	now := int64(time.Since(inv.epoch))
 	ls := *inv.current.Load()
 	proven := len(ls) > 0
 	oldest := int64(1<<63 - 1) // the oldest of the latest proofs
@@ -112,21 +121,12 @@ func (inv *invalidator) recheck() {
 		}
 		oldest = min(oldest, c)
 	}
-	next := int64(-1)
 	for _, g := range inv.gates {
-		end := oldest + int64(g.maxLag)
-		open := proven && now < end
-		g.open.Store(open)
-		if open && (next < 0 || end < next) {
-			next = end
+		var until int64
+		if proven && inv.ctx.Err() == nil {
+			until = oldest + int64(g.maxLag)
 		}
-	}
-	if next >= 0 && inv.ctx.Err() == nil {
-		if inv.expiry == nil {
-			inv.expiry = time.AfterFunc(time.Duration(next-now), inv.recheck)
-		} else {
-			inv.expiry.Reset(time.Duration(next - now))
-		}
+		g.until.Store(until)
 	}
 }
 
@@ -544,11 +544,8 @@ func (inv *invalidator) close() {
 	inv.mu.Unlock()
 	inv.wg.Wait()
 	inv.gmu.Lock()
-	if inv.expiry != nil {
-		inv.expiry.Stop()
-	}
 	for _, g := range inv.gates {
-		g.open.Store(false)
+		g.until.Store(0)
 	}
 	inv.gmu.Unlock()
 }

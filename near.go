@@ -163,7 +163,7 @@ func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
 
 // get returns key's entry if the near cache may serve it now.
 func (n *near[T]) get(key string) (nearEntry[T], bool) {
-	if !n.gate.open.Load() {
+	if !n.gate.open() {
 		return nearEntry[T]{}, false
 	}
 	return n.entries.GetIfPresent(key)
