@@ -6,9 +6,11 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/internal/redistest"
 )
 
@@ -47,6 +49,7 @@ func (h pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // GetOrLoadMany over keys in every slot send one pipeline to each master,
 // not one command per key.
 func TestBatchesOneRoundTripPerNode(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	pc := &pipelineCounter{calls: map[string]int{}}
 	rdb := cl.Client(t, func(o *redis.ClusterOptions) {
@@ -57,7 +60,9 @@ func TestBatchesOneRoundTripPerNode(t *testing.T) {
 		}
 	})
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb)
+	// A minute's budget: a loaded machine must not time out a pipeline
+	// and send it again, which would count as a second round trip.
+	c := mustNew[Channel](t, rdb, packcache.WithRedisTimeout(time.Minute))
 	items := map[string]Channel{}
 	var keys []string
 	for i := range 300 {

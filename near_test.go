@@ -325,6 +325,13 @@ func waitNearMiss[T any](t *testing.T, c *packcache.Cache[T]) {
 // and the hot set survives the scan. It does not count how many one-time
 // values the admission filter let in: W-TinyLFU is built to keep them
 // out, and how many it admits is the filter's business.
+//
+// Nor does it ask that every hot key survive: otter records reads in a
+// lossy buffer, drained by another goroutine, and hashes them into its
+// frequency sketch with a per-process seed, so on a loaded machine a hot
+// key's reads can go unrecorded, or a one-time key can collide with it,
+// and one of the twenty is evicted (1 run in about 12 here). The test
+// asks for at least fifteen.
 func TestNearMemoryBound(t *testing.T) {
 	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	_, rdb := single(t)
@@ -393,7 +400,7 @@ func TestNearMemoryBound(t *testing.T) {
 	}
 	before := c.Stats().NearHits
 	readHot(c)
-	if n := c.Stats().NearHits - before; n != uint64(len(hot)) {
+	if n := c.Stats().NearHits - before; n < uint64(len(hot))*3/4 {
 		t.Fatalf("after the scan, %d of the %d hot keys were near hits: the scan evicted the hot set", n, len(hot))
 	}
 }
@@ -578,6 +585,7 @@ func fillWithTTLs(t *testing.T, rdb redis.UniversalClient, n int) {
 // now and must not enter the near cache; and an entry's life is counted
 // from when its read was sent, not from when it entered.
 func TestNearEntryNeverOutlivesRedisValue(t *testing.T) {
+	t.Parallel() // a guarantee, so it must hold on a loaded machine too
 	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		if tg.Server != nil {

@@ -23,6 +23,55 @@ func closedAddr(t *testing.T) string {
 	return addr
 }
 
+// A badCase is a command line that must fail: its exit code and a part of
+// its message.
+type badCase struct {
+	name string
+	args []string // with the target's connection flags unless they connect on their own
+	own  bool
+	code int
+	msg  string
+}
+
+// checkBad runs c and checks its exit code and message.
+func checkBad(t *testing.T, c badCase, args []string) {
+	t.Helper()
+	res := cli(t, args...)
+	if res.code != c.code {
+		t.Errorf("%s: exit %d, want %d", c.name, res.code, c.code)
+	}
+	if !strings.Contains(res.stderr, c.msg) {
+		t.Errorf("%s: stderr %q lacks %q", c.name, res.stderr, c.msg)
+	}
+}
+
+// TestBadConnection runs the command lines that name where to connect
+// wrongly, or name a server that is not there: each must exit non-zero
+// with a message. They need no server, so they run once, side by side
+// (each unreachable one spends go-redis's dial retries, over a second).
+func TestBadConnection(t *testing.T) {
+	t.Parallel()
+	down := closedAddr(t)
+	for _, c := range []badCase{
+		{"unreachable stats", []string{"--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
+		{"unreachable inspect", []string{"--addr", down, "inspect", "b:1"}, true, exitFailure, "cannot reach Redis"},
+		{"unreachable advise", []string{"--addr", down, "advise", "--prefix", "b:"}, true, exitFailure, "cannot reach Redis"},
+		{"unreachable recompress", []string{"--addr", down, "recompress", "--prefix", "b:", "--codec", "zstd"}, true, exitFailure, "cannot reach Redis"},
+		{"unreachable cluster", []string{"--cluster", "--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
+		{"bad URL scheme", []string{"--url", "http://" + down, "stats"}, true, exitUsage, "invalid URL scheme"},
+		{"bad URL database", []string{"--url", "redis://" + down + "/zero", "stats"}, true, exitUsage, "invalid database number"},
+		{"bad URL option", []string{"--url", "redis://" + down + "?colour=blue", "stats"}, true, exitUsage, "colour"},
+		{"URL and addr", []string{"--url", "redis://" + down, "--addr", down, "stats"}, true, exitUsage, "either --url or --addr"},
+		{"two addrs", []string{"--addr", down, "--addr", closedAddr(t), "stats"}, true, exitUsage, "add --cluster"},
+		{"cluster and sentinel", []string{"--cluster", "--sentinel-master", "m", "--addr", down, "stats"}, true, exitUsage, "exclude each other"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			checkBad(t, c, c.args)
+		})
+	}
+}
+
 // TestBadInput runs every kind of bad input against a server holding
 // data: each must exit non-zero with a message, and change nothing.
 func TestBadInput(t *testing.T) {
@@ -36,23 +85,7 @@ func TestBadInput(t *testing.T) {
 		before := snapshot(t, tg)
 
 		down := closedAddr(t)
-		type badCase struct {
-			name string
-			args []string // with tg's connection flags unless they connect on their own
-			own  bool
-			code int
-			msg  string
-		}
 		cases := []badCase{
-			{"unreachable stats", []string{"--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
-			{"unreachable inspect", []string{"--addr", down, "inspect", "b:1"}, true, exitFailure, "cannot reach Redis"},
-			{"unreachable advise", []string{"--addr", down, "advise", "--prefix", "b:"}, true, exitFailure, "cannot reach Redis"},
-			{"unreachable recompress", []string{"--addr", down, "recompress", "--prefix", "b:", "--codec", "zstd"}, true, exitFailure, "cannot reach Redis"},
-			{"unreachable cluster", []string{"--cluster", "--addr", down, "stats"}, true, exitFailure, "cannot reach Redis"},
-			{"bad URL scheme", []string{"--url", "http://" + down, "stats"}, true, exitUsage, "invalid URL scheme"},
-			{"bad URL database", []string{"--url", "redis://" + down + "/zero", "stats"}, true, exitUsage, "invalid database number"},
-			{"bad URL option", []string{"--url", "redis://" + down + "?colour=blue", "stats"}, true, exitUsage, "colour"},
-			{"URL and addr", []string{"--url", "redis://" + down, "--addr", down, "stats"}, true, exitUsage, "either --url or --addr"},
 			{"unknown codec", []string{"recompress", "--prefix", "b:", "--codec", "brotli"}, false, exitUsage, `unknown codec "brotli"`},
 			{"zstd level", []string{"recompress", "--prefix", "b:", "--codec", "zstd", "--level", "23"}, false, exitUsage, "zstd levels are 1-22"},
 			{"lz4 level", []string{"recompress", "--prefix", "b:", "--codec", "lz4", "--level", "10"}, false, exitUsage, "lz4 levels"},
@@ -71,8 +104,6 @@ func TestBadInput(t *testing.T) {
 			{"unknown command", []string{"compress"}, false, exitUsage, `unknown command "compress"`},
 			{"unknown flag", []string{"stats", "--prefixes", "b:"}, false, exitUsage, "unknown flag: --prefixes"},
 			{"flag after", []string{"stats", "--sample", "many"}, false, exitUsage, "invalid argument"},
-			{"two addrs", []string{"--addr", down, "--addr", closedAddr(t), "stats"}, true, exitUsage, "add --cluster"},
-			{"cluster and sentinel", []string{"--cluster", "--sentinel-master", "m", "--addr", down, "stats"}, true, exitUsage, "exclude each other"},
 		}
 		if tg.Cluster != nil {
 			cases = append(cases,
@@ -85,13 +116,7 @@ func TestBadInput(t *testing.T) {
 			if !c.own {
 				args = with(tg, args...)
 			}
-			res := cli(t, args...)
-			if res.code != c.code {
-				t.Errorf("%s: exit %d, want %d", c.name, res.code, c.code)
-			}
-			if !strings.Contains(res.stderr, c.msg) {
-				t.Errorf("%s: stderr %q lacks %q", c.name, res.stderr, c.msg)
-			}
+			checkBad(t, c, args)
 		}
 		sameData(t, before, snapshot(t, tg), time.Minute)
 	})
