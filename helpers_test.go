@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	// cores. Tests that measure time or memory do not call t.Parallel and
 	// run alone first. -parallel on the command line overrides this.
 	flag.Parse()
+	// A cluster's masters take 2 s to report cluster_state:ok; the
+	// tests that start their own clusters take ones started ahead.
+	redistest.KeepSpareClusters(2)
 	if !flagSet("test.parallel") {
 		flag.Set("test.parallel", "6")
 	}

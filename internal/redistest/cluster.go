@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,11 +47,14 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 		}
 		tb.Skipf("redistest: skipping: StartCluster needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
 	}
-	dirs := make([]string, masters)
-	for i := range dirs {
-		dirs[i] = tb.TempDir()
+	c, err := takeSpare(bin, masters)
+	if c == nil && err == nil {
+		dirs := make([]string, masters)
+		for i := range dirs {
+			dirs[i] = tb.TempDir()
+		}
+		c, err = startCluster(bin, dirs, false)
 	}
-	c, err := startCluster(bin, dirs, false)
 	if err != nil {
 		tb.Fatalf("redistest: StartCluster(%d): %v", masters, err)
 	}
@@ -336,4 +340,102 @@ func (c *Cluster) AllowPartialCoverage(tb testing.TB) {
 		}
 		rc.Close()
 	}
+}
+
+// Spare clusters. A Redis Cluster master reports cluster_state:ok no
+// sooner than 2 s after it started (Redis's CLUSTER_WRITABLE_DELAY), so a
+// StartCluster waits at least that long, mostly idle. With
+// KeepSpareClusters, StartCluster takes a cluster started earlier in the
+// background, and starts the next one.
+var spares struct {
+	mu    sync.Mutex
+	keep  int      // how many to keep started; 0: none
+	ready []*spare // started or starting, oldest first
+}
+
+// A spare is a cluster of spareMasters masters being started, or started.
+type spare struct {
+	done chan struct{} // closed once c or err is set
+	c    *Cluster
+	err  error
+}
+
+const spareMasters = 3
+
+// KeepSpareClusters makes StartCluster of 3 masters take a cluster started
+// ahead of it, in the background, keeping n of them started (n <= 0: none,
+// the default). Each costs three idle redis-server processes until it is
+// taken. A TestMain that calls it must call Shutdown after m.Run, which
+// stops the spares that were not taken.
+func KeepSpareClusters(n int) {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	spares.keep = max(n, 0)
+}
+
+// takeSpare returns a spare cluster of masters, or nil (and no error) if
+// none is kept for that size; it starts another in its place.
+func takeSpare(bin string, masters int) (*Cluster, error) {
+	spares.mu.Lock()
+	if spares.keep == 0 || masters != spareMasters {
+		spares.mu.Unlock()
+		return nil, nil
+	}
+	var sp *spare
+	if len(spares.ready) > 0 {
+		sp, spares.ready = spares.ready[0], spares.ready[1:]
+	}
+	for len(spares.ready) < spares.keep {
+		spares.ready = append(spares.ready, startSpare(bin))
+	}
+	spares.mu.Unlock()
+	if sp == nil {
+		return nil, nil // the first: start it in the foreground
+	}
+	<-sp.done
+	return sp.c, sp.err
+}
+
+// startSpare starts a cluster in the background, in directories of its
+// own that closing it removes.
+func startSpare(bin string) *spare {
+	sp := &spare{done: make(chan struct{})}
+	go func() {
+		defer close(sp.done)
+		dirs := make([]string, spareMasters)
+		for i := range dirs {
+			d, err := os.MkdirTemp("", "redistest-spare-*")
+			if err != nil {
+				sp.err = err
+				for _, d := range dirs[:i] {
+					_ = os.RemoveAll(d)
+				}
+				return
+			}
+			dirs[i] = d
+		}
+		if sp.c, sp.err = startCluster(bin, dirs, true); sp.err != nil {
+			for _, d := range dirs {
+				_ = os.RemoveAll(d)
+			}
+		}
+	}()
+	return sp
+}
+
+// stopSpares stops the spare clusters not taken, waiting for those still
+// starting, and keeps no more.
+func stopSpares() error {
+	spares.mu.Lock()
+	left := spares.ready
+	spares.ready, spares.keep = nil, 0
+	spares.mu.Unlock()
+	var errs []error
+	for _, sp := range left {
+		<-sp.done
+		if sp.c != nil {
+			errs = append(errs, sp.c.close())
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -269,6 +270,53 @@ func TestCluster(t *testing.T) {
 		if size, err := n.Client(t).DBSize(ctx).Result(); err != nil || size != 0 {
 			t.Fatalf("DBSIZE on %s after FlushAll = %d, %v", n.Addr(), size, err)
 		}
+	}
+}
+
+// TestSpareClusters: with KeepSpareClusters, StartCluster hands out
+// clusters started ahead, each a cluster of its own, healthy and empty,
+// and starts the next; stopSpares (Shutdown) stops the one not taken.
+func TestSpareClusters(t *testing.T) {
+	if findServer() == "" {
+		t.Skip("needs redis-server")
+	}
+	KeepSpareClusters(1)
+	defer stopSpares()
+	before := liveProcs.Load()
+	ctx := ctxT(t, 30*time.Second)
+	a := StartCluster(t, 3) // in the foreground; a spare starts
+	if err := a.Client(t).Set(ctx, "in-a", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	spares.mu.Lock()
+	if len(spares.ready) != 1 {
+		spares.mu.Unlock()
+		t.Fatalf("%d spares started after the first StartCluster, want 1", len(spares.ready))
+	}
+	sp := spares.ready[0]
+	spares.mu.Unlock()
+	<-sp.done
+	b := StartCluster(t, 3) // the spare; another starts
+	if b != sp.c {
+		t.Fatal("the second StartCluster did not take the spare")
+	}
+	if slices.Equal(a.Addrs(), b.Addrs()) {
+		t.Fatalf("two StartClusters returned the same nodes %v", a.Addrs())
+	}
+	if err := b.health(); err != nil {
+		t.Fatalf("the spare cluster: %v", err)
+	}
+	if n, err := b.Client(t).Exists(ctx, "in-a").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS in-a on the spare = %d, %v; want an empty cluster of its own", n, err)
+	}
+	if err := stopSpares(); err != nil {
+		t.Fatal(err)
+	}
+	if n := liveProcs.Load() - before; n != 6 {
+		t.Fatalf("after stopSpares, %d redis-server processes run beside the test's two clusters' 6", n-6)
+	}
+	if c, err := takeSpare(findServer(), 3); c != nil || err != nil {
+		t.Fatalf("after stopSpares, StartCluster still takes spares: %v, %v", c, err)
 	}
 }
 

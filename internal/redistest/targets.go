@@ -221,13 +221,16 @@ func healShared() error {
 	return errors.Join(errs...)
 }
 
-// Shutdown stops the servers started by Targets and removes their
-// directories. Call it from TestMain after m.Run; it does nothing if Targets
+// Shutdown stops the servers started by Targets, and the spare clusters
+// (KeepSpareClusters) not taken, and removes their directories. Call it from TestMain after m.Run; it does nothing if Targets
 // was never called. A later Targets call starts new servers. (Should a
 // test binary die without calling Shutdown, Linux still kills the servers,
 // which are started with a parent-death signal, but their temporary
 // directories remain.)
 func Shutdown() {
+	if err := stopSpares(); err != nil {
+		fmt.Fprintf(os.Stderr, "redistest: Shutdown: spare clusters: %v\n", err)
+	}
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	shutdownLocked()
