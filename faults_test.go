@@ -437,13 +437,17 @@ func TestPoolExhaustion(t *testing.T) {
 
 // TestBreakerReadThrough stops Redis under a read-through cache with
 // WithCircuitBreaker(3, 200ms): once the breaker opens, Gets answer from the
-// loader without touching Redis (1,000 of them take less than the retry
-// backoff of a few failing calls), and after a restart the cache goes back
-// to Redis within the cool-down.
+// loader without touching Redis (1,000 of them in well under a second),
+// and after a restart the cache goes back to Redis within the cool-down.
+// The client makes one dial and no retries: go-redis's own retries of a
+// refused dial are TestUnreachableRedisNamesCauseAndCostsLittle's subject.
 func TestBreakerReadThrough(t *testing.T) {
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops and restarts the server")
-	rdb := s.Client(t, func(o *redis.Options) { o.DialTimeout = 500 * time.Millisecond })
+	rdb := s.Client(t, func(o *redis.Options) {
+		o.DialTimeout = 500 * time.Millisecond
+		o.MaxRetries, o.DialerRetries = -1, 1
+	})
 	ctx := ctxT(t)
 	var loads atomic.Int64
 	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(3, 200*time.Millisecond),
@@ -823,11 +827,17 @@ func TestUnreachableRedisNamesCauseAndCostsLittle(t *testing.T) {
 	})
 }
 
+// TestBreakerCountsCallerDeadline: a call whose caller's deadline passes
+// while Redis is paused does not count against the breaker, even at a
+// threshold of one, for every kind of call. (A minute's Redis budget, so
+// that only the callers' deadlines end calls, on a loaded machine too.)
 func TestBreakerCountsCallerDeadline(t *testing.T) {
+	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "CLIENT PAUSE")
 	admin := s.Client(t)
-	c := mustNew[string](t, rdb, packcache.WithCircuitBreaker(1, time.Minute), packcache.WithCoalescing(false))
+	opts := []packcache.Option{packcache.WithCircuitBreaker(1, time.Minute), packcache.WithCoalescing(false), packcache.WithRedisTimeout(time.Minute)}
+	c := mustNew[string](t, rdb, opts...)
 	ops := map[string]func(ctx context.Context) error{
 		"set":    func(ctx context.Context) error { return c.Set(ctx, "k", "v") },
 		"delete": func(ctx context.Context) error { return c.Delete(ctx, "k") },
@@ -850,7 +860,7 @@ func TestBreakerCountsCallerDeadline(t *testing.T) {
 			if _, err := c.Get(context.Background(), "probe"); errors.Is(err, packcache.ErrCircuitOpen) {
 				opened[name]++
 				// Close the breaker again with a fresh cache.
-				c = mustNew[string](t, rdb, packcache.WithCircuitBreaker(1, time.Minute), packcache.WithCoalescing(false))
+				c = mustNew[string](t, rdb, opts...)
 			}
 		}
 	}

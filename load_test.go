@@ -447,8 +447,13 @@ func TestDoNotCache(t *testing.T) {
 }
 
 func TestRedisDownReadThrough(t *testing.T) {
-	s, rdb := single(t)
+	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "stops and restarts the server")
+	// go-redis's own retries of a refused dial are not the subject (see
+	// TestUnreachableRedisNamesCauseAndCostsLittle): one dial, no retries.
+	rdb := s.Universal(t, func(o *redis.UniversalOptions) {
+		o.MaxRetries, o.DialerRetries = -1, 1
+	})
 	ctx := ctxT(t)
 	var loads atomic.Int64
 	var handled atomic.Int64
