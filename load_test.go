@@ -737,28 +737,6 @@ func TestReentrantLoad(t *testing.T) {
 	}
 }
 
-// TestLoaderNilPointer: for a Cache of a pointer type, a loader's nil
-// pointer without an error is refused with ErrNilValue and not stored.
-func TestLoaderNilPointer(t *testing.T) {
-	t.Parallel()
-	_, rdb := single(t)
-	ctx := ctxT(t)
-	c := mustNew[*Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[*Channel](func(ctx context.Context, key string) (*Channel, error) {
-		return nil, nil
-	})))
-	if _, err := c.Get(ctx, "nilptr"); !errors.Is(err, packcache.ErrNilValue) {
-		t.Fatalf("Get: %v, want ErrNilValue", err)
-	}
-	if _, err := c.GetOrLoadMany(ctx, []string{"nilptr2"}, func(context.Context, []string) (map[string]*Channel, error) {
-		return map[string]*Channel{"nilptr2": nil}, nil
-	}); !errors.Is(err, packcache.ErrNilValue) {
-		t.Fatalf("GetOrLoadMany: %v, want ErrNilValue", err)
-	}
-	if n := rdb.Exists(ctx, "nilptr", "nilptr2").Val(); n != 0 {
-		t.Fatal("a nil pointer was stored")
-	}
-}
-
 // blockScripts holds every EVALSHA and EVAL command at the hook, before it
 // takes a connection, while armed: the callers wait as they would on a
 // slow Redis, holding what they hold.
