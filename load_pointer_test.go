@@ -40,4 +40,3 @@ func TestLoaderNilPointer(t *testing.T) {
 		t.Fatal("a nil pointer was stored")
 	}
 }
-
