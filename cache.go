@@ -29,14 +29,14 @@
 //
 // The files follow a call. cache.go holds the Cache, New and Close.
 // read.go is Get: the near cache (near.go), then the read shared by
-// concurrent callers (coalesce.go: the group and its share window), fetch,
-// judge (what a stored value means) and rule (what the reader does with
-// it). A miss goes on to load.go: the one load, of one key or of a batch
-// (the load registry, the leases, the loader, the after-load decision).
-// write.go is Set and Delete, the encoding every write uses, and the
-// leases and guarded stores that keep a load from undoing a write. Every
-// Redis call goes through roundtrip.go (the budget, the node's breaker in
-// breaker.go, the judgement of a failure). batch.go is GetMany, SetMany and
+// concurrent callers (the group and its share window), fetch, judge (what
+// a stored value means) and rule (what the reader does with it). A miss
+// goes on to load.go: the one load, of one key or of a batch (the load
+// registry, the leases, the loader, the after-load decision). write.go is
+// Set and Delete, the encoding every write uses, and the leases and
+// guarded stores that keep a load from undoing a write. Every Redis call
+// goes through roundtrip.go (the budget, the judgement of a failure, and
+// the node's circuit breaker it feeds). batch.go is GetMany, SetMany and
 // GetOrLoadMany: the same rules over one pipeline per node.
 // invalidation.go holds the tracking connections that keep the near cache
 // fresh.
