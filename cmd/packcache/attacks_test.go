@@ -14,8 +14,10 @@ import (
 // A single-server cursor resumed on another server holding the same keys
 // (after a Sentinel failover, or a restart that reloads the data): SCAN
 // cursors are meaningless there, and keys are silently skipped.
-func TestAdv2CursorAfterFailover(t *testing.T) {
-	m := redistest.Start(t)
+func TestRecompressRefusesCursorOfAnotherServer(t *testing.T) {
+	// No diskless-sync delay: by default the master waits 5 s for more
+	// replicas before it sends the first one its data.
+	m := redistest.Start(t, "--repl-diskless-sync-delay", "0")
 	redistest.RequireReal(t, m, "--replicaof")
 	host, port, _ := strings.Cut(m.Addr(), ":")
 	r := redistest.Start(t, "--replicaof", host, port)
