@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	// A cluster's masters take 2 s to report cluster_state:ok; the
 	// tests that start their own clusters take ones started ahead.
 	redistest.KeepSpareClusters(2)
+	// Tests on the shared servers (redistest.Targets) run three at a
+	// time, each on a set of its own, rather than taking turns on one.
+	redistest.SharedSets(3)
 	if !flagSet("test.parallel") {
 		flag.Set("test.parallel", "6")
 	}

@@ -600,6 +600,7 @@ func TestWriteStorm(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"plain", "refresh+stale", "nocoalesce+window0"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel() // each mode on a set of shared servers of its own
 			forEachTarget(t, func(t *testing.T, tg redistest.Target) { stormOnce(t, tg, mode) })
 		})
 	}

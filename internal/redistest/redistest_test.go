@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,6 +377,67 @@ func TestTargets(t *testing.T) {
 	start = time.Now()
 	Targets(t)
 	t.Logf("third Targets call took %v", time.Since(start))
+}
+
+// TestSharedSets: with SharedSets(2), two tests hold Targets at once, each
+// on servers of its own; with the default of one set, the second waits
+// until the first has ended.
+func TestSharedSets(t *testing.T) {
+	haveRedisServer(t)
+	defer Shutdown() // the sets started here are not the other tests' business
+	defer SharedSets(1)
+	ctx := ctxT(t, 30*time.Second)
+	for _, n := range []int{2, 1} {
+		Shutdown()
+		SharedSets(n)
+		var mu sync.Mutex
+		var addrs []string
+		holding := make(chan struct{}, 2)
+		both := make(chan struct{})
+		var holders atomic.Int64
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			for i := range 2 {
+				t.Run(fmt.Sprint(i), func(t *testing.T) {
+					t.Parallel()
+					ts := Targets(t)
+					if err := ts[0].Client.Set(ctx, "mine", i, 0).Err(); err != nil {
+						t.Fatal(err)
+					}
+					mu.Lock()
+					addrs = append(addrs, ts[0].Server.Addr())
+					mu.Unlock()
+					holding <- struct{}{}
+					if n == 2 {
+						<-both // a deadlock here is the failure: one set for two
+					} else {
+						// One set: the other test cannot hold servers
+						// until this one ends, which it does after a while.
+						if now := holders.Add(1); now > 1 {
+							t.Errorf("with one set, %d tests held servers at once", now)
+						}
+						time.Sleep(100 * time.Millisecond) // holding them, for the other to try
+						holders.Add(-1)
+					}
+					if v, err := ts[0].Client.Get(ctx, "mine").Int(); err != nil || v != i {
+						t.Errorf("GET mine = %d, %v; want %d: another test wrote to the servers this one holds", v, err, i)
+					}
+				})
+			}
+			go func() { // closes both once the two tests hold servers at once
+				<-holding
+				<-holding
+				close(both)
+			}()
+		})
+		switch {
+		case len(addrs) != 2:
+			t.Fatalf("%d sets: %d tests got servers, want 2", n, len(addrs))
+		case n == 2 && addrs[0] == addrs[1]:
+			t.Fatalf("with 2 sets, two tests at once shared the server %s", addrs[0])
+		case n == 1 && addrs[0] != addrs[1]:
+			t.Fatalf("with 1 set, the tests got different servers %v", addrs)
+		}
+	}
 }
 
 func TestFallback(t *testing.T) {

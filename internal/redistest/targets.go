@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -55,36 +54,114 @@ func (t Target) FlushAll(tb testing.TB) {
 	t.Server.FlushAll(tb)
 }
 
-// shared holds the servers behind Targets. They belong to the test binary,
-// not to a test: their processes, directories and admin connections are
-// independent of any testing.TB and are released by Shutdown.
-var shared struct {
-	mu      sync.Mutex
-	started bool
-	err     error // startup error, reported by every Targets call
-	single  *Server
-	cluster *Cluster // nil when redis-server is missing
+// shared holds the servers behind Targets: sets of a single-node server
+// and a cluster, each lent to one test at a time. They belong to the test
+// binary, not to a test: their processes, directories and admin
+// connections are independent of any testing.TB and are released by
+// Shutdown.
+var shared sharedState
+
+type sharedState struct {
+	mu       sync.Mutex
+	max      int           // how many sets there may be (SharedSets); 0 means 1
+	err      error         // a startup error, reported by every later Targets call
+	failed   chan struct{} // closed when err is set
+	sets     []*set        // every set started
+	starting int           // sets being started
+	held     map[testing.TB]*set
 }
 
-// turn is held by the test using the shared servers, holder, from its
-// first Targets call until it ends.
-var (
-	turn   = make(chan struct{}, 1)
-	holder atomic.Pointer[testing.TB]
-)
+// freeSets holds the sets no test holds.
+var freeSets = make(chan *set, maxSets)
 
-// takeTurn waits until no other test holds the shared servers and holds
-// them for tb until tb ends.
-func takeTurn(tb testing.TB) {
-	if h := holder.Load(); h != nil && *h == tb {
-		return // tb holds them already
+const maxSets = 64
+
+// A set is one single-node server and one cluster (nil when redis-server
+// is missing, and the server is the miniredis fallback).
+type set struct {
+	single  *Server
+	cluster *Cluster
+}
+
+// SharedSets lets up to n tests use Targets at once, each with a set of
+// servers of its own (n <= 1: one set, and tests take turns). A set is
+// started only when a test finds every set started so far in use. Call it
+// from TestMain, before m.Run.
+func SharedSets(n int) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	shared.max = min(max(n, 1), maxSets)
+}
+
+// acquire returns the set tb holds, or waits for one that no other test
+// holds (starting a new one when the limit allows) and holds it for tb
+// until tb ends.
+func acquire(tb testing.TB) (*set, error) {
+	shared.mu.Lock()
+	if st := shared.held[tb]; st != nil {
+		shared.mu.Unlock()
+		return st, nil
 	}
-	turn <- struct{}{}
-	holder.Store(&tb)
+	if shared.err != nil {
+		shared.mu.Unlock()
+		return nil, shared.err
+	}
+	if shared.held == nil {
+		shared.held = map[testing.TB]*set{}
+		shared.failed = make(chan struct{})
+	}
+	var st *set
+	start := false
+	select {
+	case st = <-freeSets:
+	default:
+		if len(shared.sets)+shared.starting < max(shared.max, 1) {
+			shared.starting++
+			start = true
+		}
+	}
+	failed := shared.failed
+	shared.mu.Unlock()
+	if start {
+		var err error
+		st, err = startSet(tb)
+		shared.mu.Lock()
+		shared.starting--
+		if err != nil {
+			if shared.err == nil {
+				shared.err = err
+				close(shared.failed) // the tests waiting for a set report it too
+			}
+			shared.mu.Unlock()
+			return nil, err
+		}
+		shared.sets = append(shared.sets, st)
+		shared.mu.Unlock()
+	}
+	if st == nil {
+		select {
+		case st = <-freeSets:
+		case <-failed:
+			return nil, shared.errLocked()
+		}
+	}
+	shared.mu.Lock()
+	shared.held[tb] = st
+	shared.mu.Unlock()
 	tb.Cleanup(func() { // registered first, so it runs after the Clients are closed
-		holder.Store(nil)
-		<-turn
+		shared.mu.Lock()
+		delete(shared.held, tb)
+		shared.mu.Unlock()
+		freeSets <- st
 	})
+	return st, nil
+}
+
+// errLocked returns the startup error under shared.mu.
+func (*sharedState) errLocked() error {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	return shared.err
 }
 
 var clusterOmittedOnce sync.Once
@@ -96,10 +173,13 @@ var clusterOmittedOnce sync.Once
 // in the test binary; call Shutdown from TestMain after m.Run to stop them.
 // Each call makes sure the servers are up (restarting any a previous test
 // stopped and resuming any it paused), flushes all data and resets command
-// statistics, so every test starts clean. Tests using Targets take turns:
-// a call waits until the test holding the servers has ended, so such tests
-// may call t.Parallel and then run alongside tests with their own servers,
-// never alongside each other. A test may call Targets more than once. The Clients are new for
+// statistics, so every test starts clean. A test holds its servers from
+// its first Targets call until it ends, and no other test uses them
+// meanwhile: by default there is one set, and tests using Targets take
+// turns (a call waits until the test holding the servers has ended), so
+// such tests may call t.Parallel and then run alongside tests with their
+// own servers, never alongside each other. SharedSets allows more sets,
+// and so more such tests at once, each on servers of its own. A test may call Targets more than once. The Clients are new for
 // each call and closed when tb's test ends, so tests may add hooks to them
 // or close them.
 //
@@ -107,23 +187,17 @@ var clusterOmittedOnce sync.Once
 // single-node target (and fails the test when PACKCACHE_REQUIRE_REDIS=1).
 func Targets(tb testing.TB) []Target {
 	tb.Helper()
-	takeTurn(tb)
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if !shared.started {
-		shared.started = true
-		shared.err = startShared(tb)
+	st, err := acquire(tb)
+	if err != nil {
+		tb.Fatalf("redistest: starting the shared Targets servers: %v", err)
 	}
-	if shared.err != nil {
-		tb.Fatalf("redistest: starting the shared Targets servers: %v", shared.err)
-	}
-	if err := healShared(); err != nil {
+	if err := st.heal(); err != nil {
 		tb.Fatalf("redistest: Targets: %v", err)
 	}
 
-	ts := []Target{{Name: "single", Client: shared.single.Universal(tb), Server: shared.single}}
-	if shared.cluster != nil {
-		ts = append(ts, Target{Name: "cluster", Client: shared.cluster.Universal(tb), Cluster: shared.cluster})
+	ts := []Target{{Name: "single", Client: st.single.Universal(tb), Server: st.single}}
+	if st.cluster != nil {
+		ts = append(ts, Target{Name: "cluster", Client: st.cluster.Universal(tb), Cluster: st.cluster})
 	} else {
 		clusterOmittedOnce.Do(func() {
 			tb.Logf("redistest: Targets: no %s on PATH, so only the single-node (miniredis) target runs", serverBinary)
@@ -132,43 +206,40 @@ func Targets(tb testing.TB) []Target {
 	return ts
 }
 
-// startShared starts the shared servers. shared.mu must be held.
-func startShared(tb testing.TB) (err error) {
+// startSet starts a set of servers.
+func startSet(tb testing.TB) (_ *set, err error) {
 	tb.Helper()
+	st := &set{}
 	bin := findServer()
 	if bin == "" {
 		if requireReal() {
-			return fmt.Errorf("%s not found on PATH and %s=1", serverBinary, RequireEnv)
+			return nil, fmt.Errorf("%s not found on PATH and %s=1", serverBinary, RequireEnv)
 		}
 		logFallback(tb)
-		shared.single, err = startMini()
-		return err
-	}
-	defer func() {
-		if err != nil {
-			shutdownLocked()
-			shared.started = true // keep reporting the error instead of retrying
+		if st.single, err = startMini(); err != nil {
+			return nil, err
 		}
-	}()
+		return st, nil
+	}
 	dirs := make([]string, 4)
 	for i := range dirs {
 		if dirs[i], err = os.MkdirTemp("", "redistest-shared-*"); err != nil {
 			for _, d := range dirs[:i] {
 				_ = os.RemoveAll(d)
 			}
-			return err
+			return nil, err
 		}
 	}
 	var wg sync.WaitGroup
 	var errSingle, errCluster error
 	wg.Go(func() {
-		shared.single, errSingle = startServer(serverConfig{bin: bin, dir: dirs[0], ownDir: true})
+		st.single, errSingle = startServer(serverConfig{bin: bin, dir: dirs[0], ownDir: true})
 		if errSingle != nil {
 			_ = os.RemoveAll(dirs[0])
 		}
 	})
 	wg.Go(func() {
-		shared.cluster, errCluster = startCluster(bin, dirs[1:], true)
+		st.cluster, errCluster = startCluster(bin, dirs[1:], true)
 		if errCluster != nil {
 			for _, d := range dirs[1:] {
 				_ = os.RemoveAll(d)
@@ -176,21 +247,36 @@ func startShared(tb testing.TB) (err error) {
 		}
 	})
 	wg.Wait()
+	if errSingle != nil || errCluster != nil {
+		_ = st.close()
+	}
 	if errSingle != nil {
-		return fmt.Errorf("single-node server: %w", errSingle)
+		return nil, fmt.Errorf("single-node server: %w", errSingle)
 	}
 	if errCluster != nil {
-		return fmt.Errorf("cluster: %w", errCluster)
+		return nil, fmt.Errorf("cluster: %w", errCluster)
 	}
-	return nil
+	return st, nil
 }
 
-// healShared brings the shared servers back to a clean running state.
-// shared.mu must be held.
-func healShared() error {
-	servers := []*Server{shared.single}
-	if shared.cluster != nil {
-		servers = append(servers, shared.cluster.nodes...)
+// close stops the set's servers.
+func (st *set) close() error {
+	var errs []error
+	if st.single != nil {
+		errs = append(errs, st.single.close())
+	}
+	if st.cluster != nil {
+		errs = append(errs, st.cluster.close())
+	}
+	return errors.Join(errs...)
+}
+
+// heal brings the set's servers back to a clean running state. Only the
+// test holding the set calls it.
+func (st *set) heal() error {
+	servers := []*Server{st.single}
+	if st.cluster != nil {
+		servers = append(servers, st.cluster.nodes...)
 	}
 	for _, s := range servers {
 		if !s.running() {
@@ -205,7 +291,7 @@ func healShared() error {
 	}
 	// A node stopped or paused by an earlier test may still be marked as
 	// failed by its peers.
-	if c := shared.cluster; c != nil && c.health() != nil {
+	if c := st.cluster; c != nil && c.health() != nil {
 		if err := c.waitHealthy(clusterTimeout); err != nil {
 			return err
 		}
@@ -233,19 +319,14 @@ func Shutdown() {
 	}
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	shutdownLocked()
-}
-
-func shutdownLocked() {
 	var errs []error
-	if shared.single != nil {
-		errs = append(errs, shared.single.close())
+	for _, st := range shared.sets {
+		errs = append(errs, st.close())
 	}
-	if shared.cluster != nil {
-		errs = append(errs, shared.cluster.close())
+	for len(freeSets) > 0 {
+		<-freeSets
 	}
-	shared.single, shared.cluster = nil, nil
-	shared.started, shared.err = false, nil
+	shared.sets, shared.err, shared.held, shared.failed = nil, nil, nil, nil
 	if err := errors.Join(errs...); err != nil {
 		fmt.Fprintf(os.Stderr, "redistest: Shutdown: %v\n", err)
 	}
