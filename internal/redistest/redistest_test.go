@@ -210,6 +210,7 @@ func TestCommandCount(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
+	t.Parallel() // after the tests that count processes or stop the shared sets
 	start := time.Now()
 	c := StartCluster(t, 3)
 	t.Logf("StartCluster(3) took %v", time.Since(start))
@@ -322,6 +323,7 @@ func TestSpareClusters(t *testing.T) {
 }
 
 func TestTargets(t *testing.T) {
+	t.Parallel() // after TestSharedSets, which stops the shared sets
 	haveRedisServer(t)
 	start := time.Now()
 	ts := Targets(t)
@@ -387,8 +389,8 @@ func TestSharedSets(t *testing.T) {
 	defer Shutdown() // the sets started here are not the other tests' business
 	defer SharedSets(1)
 	ctx := ctxT(t, 30*time.Second)
-	for _, n := range []int{2, 1} {
-		Shutdown()
+	Shutdown()
+	for _, n := range []int{1, 2} { // the second round takes the first's set, and starts one
 		SharedSets(n)
 		var mu sync.Mutex
 		var addrs []string
