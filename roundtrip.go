@@ -434,13 +434,7 @@ func (b *breaker) failure() {
 		return
 	}
 	if n := b.failures.Add(1); n >= int64(b.cfg.failures) || b.openUntil.Load() != 0 {
-		b.mu.Lock()
-		old := b.openUntil.Swap(time.Now().Add(b.cfg.cooldown).UnixNano())
-		b.probeAt.Store(0)
-		if old == 0 {
-			b.notify(true)
-		}
-		b.mu.Unlock()
+		b.open()
 	}
 }
 
@@ -451,6 +445,12 @@ func (b *breaker) trip() {
 		return
 	}
 	b.failures.Store(int64(b.cfg.failures))
+	b.open()
+}
+
+// open opens the breaker for a cool-down from now, or, if it is open,
+// starts its cool-down again.
+func (b *breaker) open() {
 	b.mu.Lock()
 	old := b.openUntil.Swap(time.Now().Add(b.cfg.cooldown).UnixNano())
 	b.probeAt.Store(0)
