@@ -131,9 +131,14 @@ func single(t *testing.T) (*redistest.Server, redis.UniversalClient) {
 	return s, s.Universal(t)
 }
 
+// mustNew is packcache.New with a minute's Redis budget unless opts give
+// one: on a loaded machine (CI under -race, beside the parallel tests) the
+// default second is not enough for every reply, and a test that is not
+// about the budget must not fail because a reply took longer. The tests
+// about the budget, or about a stopped or paused server, give their own.
 func mustNew[T any](t testing.TB, rdb redis.UniversalClient, opts ...packcache.Option) *packcache.Cache[T] {
 	t.Helper()
-	c, err := packcache.New[T](rdb, opts...)
+	c, err := packcache.New[T](rdb, append([]packcache.Option{packcache.WithRedisTimeout(time.Minute)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,9 @@ import (
 	"testing"
 
 	gojson "github.com/goccy/go-json"
-
 	"github.com/golang/snappy"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/redistest"
@@ -184,7 +185,10 @@ func TestBadValues(t *testing.T) {
 
 func TestRedisFailureIsTyped(t *testing.T) {
 	t.Parallel()
-	s, rdb := single(t)
+	s := redistest.Start(t)
+	// One dial, no retries: go-redis's own retries of a refused dial are
+	// not the subject.
+	rdb := s.Universal(t, func(o *redis.UniversalOptions) { o.MaxRetries, o.DialerRetries = -1, 1 })
 	ctx := ctxT(t)
 	c := mustNew[Channel](t, rdb, packcache.WithCircuitBreaker(packcache.Off, 0))
 	s.Stop(t)

@@ -558,7 +558,7 @@ func TestServeStatuses(t *testing.T) {
 	checkFailure(t, "breaker open, without loader", serveOnce(plain, key, "GET"), 503, key, er, nil)
 
 	// The application asks for the error.
-	custom := mustNew[Channel](t, rdb, packcache.WithServeError(func(w http.ResponseWriter, r *http.Request, status int, err error) {
+	custom := mustNew[Channel](t, rdb, packcache.WithRedisTimeout(300*time.Millisecond), packcache.WithServeError(func(w http.ResponseWriter, r *http.Request, status int, err error) {
 		http.Error(w, "custom: "+err.Error(), status)
 	}))
 	if rec := serveOnce(custom, key, "GET"); rec.Code != 503 || !strings.Contains(rec.Body.String(), key) || !strings.Contains(rec.Body.String(), "redis") {
