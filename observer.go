@@ -30,8 +30,9 @@ type Observer interface {
 	// per value decoded from Redis (not per caller sharing it).
 	ObserveCodec(CodecEvent)
 
-	// ObserveRedis is called for every failed Redis operation, and when a
-	// node's circuit breaker opens or closes.
+	// ObserveRedis is called for every failed Redis operation, when a
+	// node's circuit breaker opens or closes, and when the number of
+	// pending invalidations changes (see RedisEvent.Pending).
 	ObserveRedis(RedisEvent)
 }
 
@@ -77,8 +78,8 @@ type CodecEvent struct {
 	Duration time.Duration
 }
 
-// A RedisEvent is a failed Redis operation, or a circuit breaker opening
-// or closing.
+// A RedisEvent is a failed Redis operation, a circuit breaker opening or
+// closing, or a change in the number of pending invalidations.
 type RedisEvent struct {
 	Prefix string // "" for breaker events
 	Node   string // the node's address (a Sentinel client's is "FailoverClient"); "" when unknown
@@ -89,10 +90,11 @@ type RedisEvent struct {
 	Breaker string
 
 	// Pending is the number of invalidations the cache holds for retry
-	// (see ErrPending) after the event, on every event that changes it:
-	// a failed write kept for retry (Err is its error, matching
-	// ErrPending), one past the bound (Err says it is not kept), and
-	// invalidations landing (Err nil, Breaker "").
+	// (see ErrPending), on an event of its own, with neither Err nor
+	// Breaker, whenever it changes: when a failed write is kept for retry
+	// and when invalidations land or expire. (The write's failure, if it reached
+	// Redis, is an event of its own, and its error goes to the caller and
+	// the error handler.) Pending is 0 on the other events.
 	Pending int
 }
 
@@ -160,10 +162,10 @@ func (c *Cache[T]) observeCodec(p *policy[T], stored []byte, plain int, decode b
 	c.obs.ObserveCodec(CodecEvent{Prefix: p.prefix, Codec: name, Decode: decode, Plain: plain, Stored: len(stored), Duration: time.Since(start)})
 }
 
-// observePending tells the observer how many invalidations are pending
-// after one was kept or refused (err) or some landed (err nil).
-func (c *Cache[T]) observePending(p *policy[T], err error) {
+// observePending tells the observer how many invalidations are pending,
+// after one was kept or some landed.
+func (c *Cache[T]) observePending(p *policy[T]) {
 	if c.obs != nil {
-		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Err: err, Pending: c.owed.count()})
+		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: c.owed.count()})
 	}
 }

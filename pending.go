@@ -212,7 +212,6 @@ func (c *Cache[T]) owe(op, key string, p *policy[T], ttl time.Duration, err erro
 		o.dropped.Add(1)
 		err = keyErr(op, key, fmt.Errorf("%w (and %d invalidations are already pending, the most this cache keeps: this one is not retried)", err, o.n.Load()))
 		c.report(context.Background(), key, err)
-		c.observePending(p, err)
 		return err
 	default:
 		o.keys[key] = &owedKey{until: until}
@@ -226,9 +225,8 @@ func (c *Cache[T]) owe(op, key string, p *policy[T], ttl time.Duration, err erro
 	case o.wake <- struct{}{}:
 	default:
 	}
-	err = &Error{Op: op, Key: key, Err: &pendingError{err}}
-	c.observePending(p, err)
-	return err
+	c.observePending(p)
+	return &Error{Op: op, Key: key, Err: &pendingError{err}}
 }
 
 // pendingError is a failed write whose invalidation the cache will apply.
@@ -276,10 +274,12 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 	o := &c.owed
 	now := time.Now()
 	var keys, keeps []string
+	expired := 0
 	o.mu.Lock()
 	for k, s := range o.keys {
 		if !s.until.IsZero() && now.After(s.until) {
 			c.landOwed(k, &o.expired)
+			expired++
 			continue
 		}
 		if s.writes > 0 || !s.answered.IsZero() && now.Sub(s.answered) < settleAfter {
@@ -295,6 +295,9 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 	o.round = round
 	o.mu.Unlock()
 	defer close(round)
+	if expired > 0 {
+		c.observePending(c.base)
+	}
 	if len(keys) == 0 {
 		return 0, settleAfter
 	}
@@ -331,8 +334,8 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 	default:
 		next = settleAfter
 	}
-	if landed > 0 || next == settleAfter {
-		c.observePending(c.base, nil)
+	if landed > 0 {
+		c.observePending(c.base)
 	}
 	return landed, next
 }

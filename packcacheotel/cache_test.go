@@ -348,6 +348,50 @@ func TestBreakerMetrics(t *testing.T) {
 	}
 }
 
+// TestPendingMetrics: a Delete that fails while Redis is stopped by
+// SIGSTOP is pending: the gauge reads 1 until its invalidation lands after
+// SIGCONT, then 0; and the failure is one Redis error, as in Stats, not
+// two (the pending count is an event of its own).
+func TestPendingMetrics(t *testing.T) {
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	ctx := ctxT(t)
+	obs, r := newObserver(t)
+	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithRedisTimeout(200*time.Millisecond))
+	pending := func() int64 {
+		t.Helper()
+		pts := collect(t, r).gauge("packcache.invalidations.pending")
+		if len(pts) != 1 {
+			t.Fatalf("packcache.invalidations.pending: %v, want one series", pts)
+		}
+		return pts[0].Value
+	}
+	if n := pending(); n != 0 {
+		t.Fatalf("pending gauge %d before any failure, want 0", n)
+	}
+	s.Pause(t)
+	if err := c.Delete(ctx, "doc:1"); !errors.Is(err, packcache.ErrPending) {
+		s.Resume(t)
+		t.Fatalf("Delete with Redis stopped: %v, want ErrPending", err)
+	}
+	n := pending()
+	m := collect(t, r)
+	s.Resume(t)
+	if n != 1 {
+		t.Errorf("pending gauge %d after a failed Delete, want 1", n)
+	}
+	if got, st := m.sum("packcache.redis.errors"), c.Stats().RedisErrors; got != int64(st) || got != 1 {
+		t.Errorf("%d Redis errors recorded, Stats says %d; want 1", got, st)
+	}
+	for deadline := time.Now().Add(10 * time.Second); pending() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("pending gauge still %d 10 s after SIGCONT (Stats: %d pending)", pending(), c.Stats().Pending)
+		}
+		time.Sleep(2 * time.Millisecond) // polling, with the deadline above
+	}
+}
+
 // TestClusterBreakerPerNode: on a Redis Cluster, errors and the breaker
 // gauge name the node that failed, and only that one.
 func TestClusterBreakerPerNode(t *testing.T) {

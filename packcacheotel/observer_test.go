@@ -323,9 +323,9 @@ func TestConstantAttributes(t *testing.T) {
 		}
 	}
 	// reads, load duration and keys, codec bytes (2) and duration, redis
-	// errors, trips, and the gauge's two nodes.
-	if points != 10 {
-		t.Errorf("%d data points, want 10", points)
+	// errors, trips, the breaker gauge's two nodes and the pending gauge.
+	if points != 11 {
+		t.Errorf("%d data points, want 11", points)
 	}
 }
 
@@ -362,14 +362,15 @@ func TestInstruments(t *testing.T) {
 	o.ObserveRedis(packcache.RedisEvent{Breaker: "open"})
 	s := collect(t, r)
 	want := map[string]struct{ kind, unit string }{
-		"packcache.reads":          {"counter", "{read}"},
-		"packcache.load.duration":  {"histogram", "s"},
-		"packcache.load.keys":      {"counter", "{key}"},
-		"packcache.codec.bytes":    {"counter", "By"},
-		"packcache.codec.duration": {"histogram", "s"},
-		"packcache.redis.errors":   {"counter", "{error}"},
-		"packcache.breaker.open":   {"gauge", "{breaker}"},
-		"packcache.breaker.trips":  {"counter", "{trip}"},
+		"packcache.reads":                 {"counter", "{read}"},
+		"packcache.load.duration":         {"histogram", "s"},
+		"packcache.load.keys":             {"counter", "{key}"},
+		"packcache.codec.bytes":           {"counter", "By"},
+		"packcache.codec.duration":        {"histogram", "s"},
+		"packcache.redis.errors":          {"counter", "{error}"},
+		"packcache.breaker.open":          {"gauge", "{breaker}"},
+		"packcache.breaker.trips":         {"counter", "{trip}"},
+		"packcache.invalidations.pending": {"gauge", "{invalidation}"},
 	}
 	docs := map[string]string{}
 	for _, f := range []string{"packcacheotel.go", "README.md"} {

@@ -30,6 +30,10 @@
 //	                                               attributes: server.address, server.port
 //	packcache.breaker.trips    counter, {trip}     times a node's circuit breaker opened
 //	                                               attributes: server.address, server.port
+//	packcache.invalidations.pending
+//	                           gauge, {invalidation}
+//	                                               invalidations of failed writes the cache holds for retry (packcache.ErrPending)
+//	                                               attributes: those of WithAttributes only
 //
 // # Attributes
 //
@@ -80,6 +84,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -175,6 +180,8 @@ type observer struct {
 
 	mu   sync.Mutex
 	open map[*nodeSets]bool // the state of each node's breaker, as its last event told
+
+	pending atomic.Int64 // the pending invalidations, as the last event told
 }
 
 // NewObserver returns a packcache.Observer that records the cache's events
@@ -192,7 +199,7 @@ func NewObserver(opts ...Option) (packcache.Observer, error) {
 	}
 	m := cfg.mp.Meter(ScopeName)
 	o := &observer{base: cfg.attrs, open: map[*nodeSets]bool{}}
-	var errs [8]error
+	var errs [9]error
 	o.reads, errs[0] = m.Int64Counter("packcache.reads", metric.WithUnit("{read}"),
 		metric.WithDescription("Reads of the cache, one per caller or per key of a batch, by what the caller got."))
 	o.loadTime, errs[1] = m.Float64Histogram("packcache.load.duration", metric.WithUnit("s"),
@@ -211,6 +218,12 @@ func NewObserver(opts ...Option) (packcache.Observer, error) {
 	_, errs[7] = m.Int64ObservableGauge("packcache.breaker.open", metric.WithUnit("{breaker}"),
 		metric.WithDescription("1 while a Redis node's circuit breaker is open, 0 while it is closed."),
 		metric.WithInt64Callback(o.observeBreakers))
+	_, errs[8] = m.Int64ObservableGauge("packcache.invalidations.pending", metric.WithUnit("{invalidation}"),
+		metric.WithDescription("Invalidations of failed writes that the cache holds for retry (see packcache.ErrPending)."),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			obs.Observe(o.pending.Load(), metric.WithAttributes(o.base...))
+			return nil
+		}))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("packcacheotel: creating instruments: %w", err)
 	}
@@ -248,8 +261,12 @@ func (o *observer) ObserveCodec(e packcache.CodecEvent) {
 }
 
 // ObserveRedis counts a failed Redis operation, or records a breaker
-// opening or closing.
+// opening or closing, or how many invalidations are pending.
 func (o *observer) ObserveRedis(e packcache.RedisEvent) {
+	if e.Breaker == "" && e.Err == nil {
+		o.pending.Store(int64(e.Pending))
+		return
+	}
 	n := o.node(e.Node)
 	if e.Breaker != "" {
 		open := e.Breaker == "open"
