@@ -53,10 +53,16 @@ func checkRounds(t *testing.T, cfg config, rep report) {
 	}
 	if cfg.Uncoalesced > 0 {
 		offCold, offWarm := round(modeOff, "cold"), round(modeOff, "warm")
-		// Without coalescing, students who miss while another's query
-		// runs (100 ms here: they all start at once) query too.
-		if offCold.LoaderCalls <= m {
-			t.Errorf("no coalescing, cold: %d loader calls, want more than %d", offCold.LoaderCalls, m)
+		// Without coalescing every student reads Redis itself. How many
+		// of them query the database too depends on how many miss before
+		// the first query's lease is in Redis (they all start at once):
+		// 6 to 90 of 100 in runs here, so only the bounds are certain.
+		t.Logf("no coalescing, cold: %d loader calls, %d GETs", offCold.LoaderCalls, offCold.Gets)
+		if offCold.Gets < int64(cfg.Uncoalesced) {
+			t.Errorf("no coalescing, cold: %d GETs, want one per student (%d) at least", offCold.Gets, cfg.Uncoalesced)
+		}
+		if offCold.LoaderCalls < m || offCold.LoaderCalls > int64(cfg.Uncoalesced) {
+			t.Errorf("no coalescing, cold: %d loader calls, want %d to %d", offCold.LoaderCalls, m, cfg.Uncoalesced)
 		}
 		if offWarm.LoaderCalls != 0 || offWarm.Gets != int64(cfg.Uncoalesced) {
 			t.Errorf("no coalescing, warm: %d loader calls and %d GETs, want 0 and %d", offWarm.LoaderCalls, offWarm.Gets, cfg.Uncoalesced)
