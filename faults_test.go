@@ -778,8 +778,10 @@ func TestUnreachableRedisNamesCauseAndCostsLittle(t *testing.T) {
 	}))
 	check := func(t *testing.T, rdb redis.UniversalClient, keys []string, stop func()) {
 		ctx := ctxT(t)
-		c := mustNew[Channel](t, rdb, loader, packcache.WithRedisTimeout(budget), packcache.WithCircuitBreaker(5, time.Minute))
-		plain := mustNew[Channel](t, rdb, packcache.WithRedisTimeout(budget), packcache.WithCircuitBreaker(5, time.Minute))
+		// No share window: a Get right after the stop must not share the
+		// read made just before it.
+		c := mustNew[Channel](t, rdb, loader, packcache.WithRedisTimeout(budget), packcache.WithCircuitBreaker(5, time.Minute), packcache.WithShareWindow(packcache.Off))
+		plain := mustNew[Channel](t, rdb, packcache.WithRedisTimeout(budget), packcache.WithCircuitBreaker(5, time.Minute), packcache.WithShareWindow(packcache.Off))
 		for _, k := range keys { // connections made while Redis answers
 			c.Get(ctx, k)
 			plain.Get(ctx, k)
