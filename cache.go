@@ -435,7 +435,7 @@ func (c *Cache[T]) Stats() Stats {
 	for _, n := range c.nears {
 		s.NearBytes += n.entries.WeightedSize()
 	}
-	s.NearServing = c.inv != nil && len(c.nears) > 0 && c.inv.serving(c.nears[0].lc.MaxLag)
+	s.NearServing = c.inv != nil && len(c.nears) > 0 && c.nears[0].gate.open()
 	o := &c.owed
 	o.mu.Lock() // the counts change under it: their identity holds
 	s.Pending, s.PendingKept = o.count(), o.kept.Load()

@@ -485,34 +485,18 @@ func (l *listener) addrOr() string {
 	return l.addr
 }
 
-// serving reports whether every invalidation connection is subscribed and
-// has proved, within maxLag, that it applied every write Redis had
-// completed by then.
-func (inv *invalidator) serving(maxLag time.Duration) bool {
-	ls := *inv.current.Load()
-	if len(ls) == 0 {
-		return false
-	}
-	oldest := int64(time.Since(inv.epoch) - maxLag)
-	for _, l := range ls {
-		if !l.proven(oldest) {
-			return false
-		}
-	}
-	return true
-}
-
 func (l *listener) proven(oldest int64) bool {
 	c := l.confirmed.Load()
 	return l.subscribed.Load() && c != 0 && c >= oldest
 }
 
-// servingKey is serving, and, on a Cluster, that the master the client
-// maps key to has a proven listener: a value read from a master the
-// invalidator does not follow yet (a new one) must not enter the near
-// cache.
-func (inv *invalidator) servingKey(key string, maxLag time.Duration) bool {
-	if !inv.serving(maxLag) {
+// servingKey reports whether g is open (every invalidation connection
+// subscribed and proved within g's MaxLag), and, on a Cluster, that the
+// master the client maps key to has a proven listener: a value read from a
+// master the invalidator does not follow yet (a new one) must not enter
+// the near cache.
+func (inv *invalidator) servingKey(key string, g *gate) bool {
+	if !g.open() {
 		return false
 	}
 	if inv.cluster == nil {
@@ -525,7 +509,7 @@ func (inv *invalidator) servingKey(key string, maxLag time.Duration) bool {
 		return false
 	}
 	addr := m.Options().Addr
-	oldest := int64(time.Since(inv.epoch) - maxLag)
+	oldest := int64(time.Since(inv.epoch) - g.maxLag)
 	for _, l := range *inv.current.Load() {
 		if l.addr == addr {
 			return l.proven(oldest)

@@ -173,7 +173,7 @@ func (n *near[T]) get(key string) (nearEntry[T], bool) {
 // taken (before the read that produced r was sent). size is the value's
 // serialized length; until, if not zero, is when the entry must end.
 func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Time) {
-	if !n.inv.servingKey(key, n.lc.MaxLag) || !n.marks.valid(key, t) {
+	if !n.inv.servingKey(key, n.gate) || !n.marks.valid(key, t) {
 		return
 	}
 	w := len(key) + size + entryOverhead
