@@ -44,20 +44,29 @@ func (s *source) Load(_ context.Context, k string) (string, error) {
 	return v, nil
 }
 
+// pausable starts a redis-server of the test's own, for a test that stops
+// it with SIGSTOP (s.Pause), and returns it, a cache over a client that
+// does not retry (each timeout is the call's own), with a 200 ms Redis
+// budget and a breaker that opens on the first failure unless opts say
+// otherwise, and a client for the test to look at Redis with.
+func pausable(t *testing.T, opts ...packcache.Option) (*redistest.Server, *packcache.Cache[string], *redis.Client) {
+	t.Helper()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "pauses the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	opts = append([]packcache.Option{packcache.WithRedisTimeout(200 * time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute)}, opts...)
+	return s, mustNew[string](t, rdb, opts...), s.Client(t)
+}
+
 // TestInvalidationSurvivesStoppedRedis: with Redis stopped (SIGSTOP), a
 // Delete and a Set fail with ErrPending, and a Get in this process never
 // returns the old value, during the outage or after it; after SIGCONT the
 // keys are gone from Redis within a second, with no further call.
 func TestInvalidationSurvivesStoppedRedis(t *testing.T) {
 	// Not parallel: it holds calls to time bounds.
-	s := redistest.Start(t)
-	redistest.RequireReal(t, s, "pauses the server")
-	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	admin := s.Client(t)
-	ctx := ctxT(t)
 	db := &source{}
-	c := mustNew[string](t, rdb, packcache.WithLoader[string](db), packcache.WithRedisTimeout(300*time.Millisecond),
-		packcache.WithCircuitBreaker(1, time.Minute))
+	s, c, admin := pausable(t, packcache.WithLoader[string](db), packcache.WithRedisTimeout(300*time.Millisecond))
+	ctx := ctxT(t)
 	for _, k := range []string{"deleted", "set", "sent"} {
 		db.put(k, "old")
 		if err := c.Set(ctx, k, "old"); err != nil {
@@ -326,12 +335,8 @@ func TestPendingNotForCallerContext(t *testing.T) {
 // value.
 func TestPendingSparesLaterSet(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	redistest.RequireReal(t, s, "pauses the server")
-	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	admin := s.Client(t)
+	s, c, admin := pausable(t, packcache.WithCircuitBreaker(100, time.Minute))
 	ctx := ctxT(t)
-	c := mustNew[string](t, rdb, packcache.WithRedisTimeout(200*time.Millisecond), packcache.WithCircuitBreaker(100, time.Minute))
 	s.Pause(t)
 	if err := c.Set(ctx, "k", "v1"); !errors.Is(err, packcache.ErrPending) {
 		s.Resume(t)
@@ -353,12 +358,8 @@ func TestPendingSparesLaterSet(t *testing.T) {
 // the value anyway.
 func TestPendingExpires(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	redistest.RequireReal(t, s, "pauses the server")
-	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	s, c, _ := pausable(t, packcache.WithTTL(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond))
 	ctx := ctxT(t)
-	c := mustNew[string](t, rdb, packcache.WithTTL(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond),
-		packcache.WithCircuitBreaker(1, time.Minute))
 	s.Pause(t)
 	defer s.Resume(t)
 	if err := c.Delete(ctx, "k"); !errors.Is(err, packcache.ErrPending) {
@@ -379,12 +380,8 @@ func TestPendingExpires(t *testing.T) {
 // Redis still holds; and the invalidations land once Redis answers.
 func TestPendingBatchWrites(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	redistest.RequireReal(t, s, "pauses the server")
-	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	admin := s.Client(t)
+	s, c, admin := pausable(t)
 	ctx := ctxT(t)
-	c := mustNew[string](t, rdb, packcache.WithRedisTimeout(200*time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute))
 	keys := []string{"b:1", "b:2", "b:3", "b:4"}
 	for _, k := range keys {
 		admin.Set(ctx, k, `"old"`, 0)
@@ -447,13 +444,9 @@ func TestPendingBatchWrites(t *testing.T) {
 // counts Redis errors.
 func TestPendingObserved(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	redistest.RequireReal(t, s, "pauses the server")
-	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	ctx := ctxT(t)
 	rec := &recorder{}
-	c := mustNew[string](t, rdb, packcache.WithObserver(rec), packcache.WithRedisTimeout(200*time.Millisecond),
-		packcache.WithCircuitBreaker(1, time.Minute))
+	s, c, _ := pausable(t, packcache.WithObserver(rec))
+	ctx := ctxT(t)
 	s.Pause(t)
 	c.Delete(ctx, "a")
 	c.Delete(ctx, "b")
