@@ -355,10 +355,11 @@ func TestPendingSparesLaterSet(t *testing.T) {
 
 // TestPendingExpires: an invalidation still pending once the longest TTL
 // the old value could have had has passed is dropped: Redis has expired
-// the value anyway.
+// the value anyway; the observer is told the count fell to 0.
 func TestPendingExpires(t *testing.T) {
 	t.Parallel()
-	s, c, _ := pausable(t, packcache.WithTTL(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond))
+	rec := &recorder{}
+	s, c, _ := pausable(t, packcache.WithTTL(300*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond), packcache.WithObserver(rec))
 	ctx := ctxT(t)
 	s.Pause(t)
 	defer s.Resume(t)
@@ -371,6 +372,17 @@ func TestPendingExpires(t *testing.T) {
 	})
 	if st := c.Stats(); st.PendingApplied != 0 || st.PendingKept != 1 {
 		t.Fatalf("Stats: %+v", st)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var pending []int
+	for _, e := range rec.redis {
+		if e.Err == nil && e.Breaker == "" {
+			pending = append(pending, e.Pending)
+		}
+	}
+	if !slices.Equal(pending, []int{1, 0}) {
+		t.Fatalf("observer saw Pending %v; want [1 0] (kept, expired)", pending)
 	}
 }
 
