@@ -88,7 +88,6 @@ type Cache[T any] struct {
 	prefixes     []*policy[T] // longest prefix first
 	dicts        dictSet      // zstd dictionaries: the policies' own and those fetched from Redis (dict.go)
 	nodes        *nodes
-	ticks        ticks // the shared ends of Redis budgets
 
 	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
 	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
@@ -103,6 +102,8 @@ type Cache[T any] struct {
 	inv      *invalidator
 	marks    marks
 	nearOnce sync.Once
+
+	hub *hub // where the client's connections report to nodes (conn.go)
 }
 
 // needsPTTL reports whether a read of a key under p must learn the time the
@@ -214,9 +215,8 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		onError:      cfg.errorHandler,
 		serveError:   cfg.serveError,
 		obs:          cfg.observer,
-		nodes:        newNodes(rdb, cfg.breaker, cfg.observer),
+		nodes:        newNodes(rdb, cfg.breaker, cfg.observer, cfg.redisTimeout),
 	}
-	c.ticks.step = int64(max(cfg.redisTimeout/16, time.Millisecond))
 	for _, g := range []*group[result[T], flight[T]]{&c.lookups, &c.reads} {
 		g.window, g.life = int64(cfg.shareWindow), &c.life
 	}
@@ -237,7 +237,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	if err := c.startNear(rdb, cfg); err != nil {
 		return nil, err
 	}
-	hookDials(rdb)
+	c.hub = watchDials(rdb, c.nodes)
 	return c, nil
 }
 
@@ -383,6 +383,7 @@ func (c *Cache[T]) Close() error {
 		c.life.once.Do(func() { close(c.life.idle) })
 	}
 	defer c.closeNear()
+	defer c.hub.remove(c.nodes)
 	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
 	defer t.Stop()
 	select {

@@ -714,6 +714,18 @@ func (g *registry[T]) claim(key, token string, leaderWaits, share bool) (*call[r
 	if ok && token == unprovenToken {
 		ok = now < c.began+g.window
 	}
+	if !ok && share && token == unprovenToken && g.window > 0 {
+		// Redis did not answer the read: rather than start one more load,
+		// join the key's latest load under way, whatever state it began
+		// from. No write of this process came since it began (a write
+		// detaches it), and its value is what the source held when it
+		// began, at most the load timeout ago: one load per key in this
+		// process, whatever Redis's state. (WithShareWindow(Off) asks for
+		// no value older than the call: then it starts its own.)
+		if l := g.latest[key]; l != nil && !l.finished && !l.detached.Load() {
+			c, ok = l, true
+		}
+	}
 	if !ok {
 		c = &call[result[T]]{began: now, token: token}
 		if prev := g.latest[key]; prev != nil && !prev.finished {

@@ -766,9 +766,10 @@ func (h *blockScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestHeapPerColdCall: 5,000 concurrent cold Gets of distinct keys with
+// TestHeapPerColdCall: 20,000 concurrent cold Gets of distinct keys with
 // values of about 30 bytes hold at most about 8 KiB of heap each while in
-// flight: while their loads run, and while their stores wait on Redis.
+// flight: while their loads run, and while their stores wait on Redis
+// (as many as the pool has connections) or for their turn at it.
 // (Buffers are sized to the value, not pooled at 16 KiB.)
 func TestHeapPerColdCall(t *testing.T) {
 	if raceEnabled {
@@ -776,10 +777,10 @@ func TestHeapPerColdCall(t *testing.T) {
 	}
 	s := redistest.Start(t)
 	hook := &blockScripts{release: make(chan struct{})}
-	rdb := s.Client(t, func(o *redis.Options) { o.PoolSize = 64 })
+	const n, pool = 20_000, 64
+	rdb := s.Client(t, func(o *redis.Options) { o.PoolSize = pool })
 	rdb.AddHook(hook)
 	ctx := context.Background()
-	const n = 5_000
 	var entered atomic.Int64
 	var block atomic.Bool
 	loaded := make(chan struct{})
@@ -815,7 +816,9 @@ func TestHeapPerColdCall(t *testing.T) {
 	inLoad := (heap() - before) / n
 	hook.armed.Store(true)
 	close(loaded)
-	waitFor(t, 30*time.Second, "every store waiting", func() bool { return hook.waiting.Load() == n })
+	waitFor(t, 30*time.Second, "every store waiting", func() bool {
+		return hook.waiting.Load() == pool && packcache.SlotWaiters(c) == n-pool
+	})
 	inStore := (heap() - before) / n
 	hook.armed.Store(false)
 	close(hook.release)

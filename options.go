@@ -305,10 +305,21 @@ func WithLoadTimeout(d time.Duration) Option {
 
 // WithRedisTimeout sets the cache's time budget for each Redis call it
 // makes (a GET, a pipeline, a SET, a lease script): past it the call fails
-// with an error matching ErrRedis, a read-through caller is answered from
-// the loader, and the circuit breaker counts a failure of the node. Zero
-// means the default, one second. A caller's own earlier deadline still
-// applies.
+// with an error matching ErrRedis, and a read-through caller is answered
+// from the loader. Zero means the default, one second. A caller's own
+// earlier deadline still applies.
+//
+// The budget begins when the call's turn at the node comes: the cache
+// asks the client's pool for no more connections to a node than the pool
+// holds (its PoolSize), and the calls beyond wait for their turn under
+// their own contexts. A call that ran out of its budget counts as a
+// failure of the node (for Stats.RedisErrors and the circuit breaker)
+// only if the node is what it waited on: if nothing came back from the
+// node since the call began while a command written to it waited at
+// least half the budget. Otherwise this process was too busy to make the
+// call in time (a CPU, a connection, a dial): the call is late, its error
+// says so, and a read is made once more with a budget of its own. A
+// refused connection is a failure at once.
 //
 // The budget reaches the network only if the client honours context
 // deadlines: New fails for a go-redis client whose ContextTimeoutEnabled

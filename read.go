@@ -47,7 +47,16 @@ import (
 // When Redis fails, or key's node's circuit breaker is open, a read-through
 // Get answers from the loader within the Redis budget plus the load time;
 // a Get without a loader returns an error matching ErrRedis (and
-// ErrCircuitOpen when the breaker is open).
+// ErrCircuitOpen when the breaker is open). A read-through Get that finds
+// Redis unavailable joins the load of key already under way in this
+// process, if no write of this process came after it began, rather than
+// start another: its value is then what the source held when that load
+// began, at most WithLoadTimeout earlier (with WithShareWindow(Off), it
+// starts its own). Only a node that failed is
+// judged to: a read that ran out of its budget because this process was
+// too busy to make it in time (its goroutine waited for a CPU, a
+// connection or a dial, while the node answered) is made once more and
+// counts as no failure of Redis's; see WithRedisTimeout.
 //
 // A stored value that cannot be decoded is an error naming the key and
 // matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;

@@ -42,6 +42,7 @@ import (
 type budget struct {
 	context.Context // the caller's, for its values (and Done, Err when it can end)
 
+	start    time.Time // when the call got its turn at the node
 	deadline time.Time
 	tick     *tick              // the shared Done, when the caller's context cannot end
 	cancel   context.CancelFunc // the WithDeadline context's, otherwise
@@ -51,12 +52,13 @@ type budget struct {
 
 type budgetKey struct{}
 
-// A dialFailure is a connection to addr that could not be made during a
-// call: the cause of its failure, which go-redis does not return when the
-// budget runs out while it retries.
+// A dialFailure is a connection to addr that could not be made: the cause
+// of its failure, which go-redis does not return when the budget runs out
+// while it retries, and when it failed.
 type dialFailure struct {
 	addr string
 	err  error
+	at   int64 // unix nanoseconds
 }
 
 func (b *budget) Deadline() (time.Time, bool) { return b.deadline, true }
@@ -74,6 +76,10 @@ func (b *budget) Err() error {
 	}
 	select {
 	case <-b.tick.ch:
+		if b.tick.aborted {
+			// The node refused a connection: see ticks.abort.
+			return context.Canceled
+		}
 		return context.DeadlineExceeded
 	default:
 		return nil
@@ -96,13 +102,29 @@ func (b *budget) end() {
 // A tick is the shared end of the budgets whose deadlines fall before its
 // own end.
 type tick struct {
-	end int64 // unix nanoseconds
-	ch  chan struct{}
+	end     int64 // unix nanoseconds
+	ch      chan struct{}
+	closed  atomic.Bool
+	aborted bool                 // written before ch is closed, read after
+	prev    atomic.Pointer[tick] // the tick before it, while that one is open
 }
 
-// ticks hands out the shared ends of budgets. As every budget is as long
-// as every other, their deadlines come in the order they began, and one
-// tick serves all the budgets begun within a sixteenth of the budget.
+// close ends the tick's budgets: at its end, or early (aborted) when the
+// node refused a connection. It reports whether it closed the tick.
+func (t *tick) close(aborted bool) bool {
+	if !t.closed.CompareAndSwap(false, true) {
+		return false
+	}
+	t.aborted = aborted
+	close(t.ch)
+	t.prev.Store(nil) // every tick before it has ended too
+	return true
+}
+
+// ticks hands out the shared ends of budgets, one set per node. As every
+// budget is as long as every other, their deadlines come in the order they
+// began, and one tick serves all the budgets begun within a sixteenth of
+// the budget.
 type ticks struct {
 	cur  atomic.Pointer[tick]
 	step int64 // nanoseconds
@@ -120,25 +142,42 @@ func (k *ticks) by(deadline int64) *tick {
 		if t != nil && t.end > nt.end {
 			// A longer budget than those before it (not made by this
 			// cache): a tick of its own, not shared.
-			time.AfterFunc(time.Until(time.Unix(0, nt.end)), func() { close(nt.ch) })
+			time.AfterFunc(time.Until(time.Unix(0, nt.end)), func() { nt.close(false) })
 			return nt
 		}
+		if t != nil && !t.closed.Load() {
+			nt.prev.Store(t)
+		}
 		if k.cur.CompareAndSwap(t, nt) {
-			time.AfterFunc(time.Until(time.Unix(0, nt.end)), func() { close(nt.ch) })
+			time.AfterFunc(time.Until(time.Unix(0, nt.end)), func() { nt.close(false) })
 			return nt
 		}
 	}
 }
 
-// budget returns the context of one Redis call made for ctx: ctx bounded
-// by the cache's Redis time budget, unless ctx's own deadline comes first.
-// The caller calls end when the call is done.
-func (c *Cache[T]) budget(ctx context.Context) *budget {
+// abort ends at once every budget of the node still running: the node
+// refused a connection, and the calls under way would only wait out their
+// budgets in go-redis's retries of the dial. Their error names the
+// refusal (see judgeCall).
+func (k *ticks) abort() {
+	for t := k.cur.Swap(nil); t != nil; t = t.prev.Load() {
+		t.close(true)
+	}
+}
+
+// budget returns the context of one Redis call made for ctx to node (nil:
+// a pipeline over several): ctx bounded by the cache's Redis time budget
+// from now, unless ctx's own deadline comes first. The caller calls end
+// when the call is done.
+func (c *Cache[T]) budget(ctx context.Context, node *breaker) *budget {
 	now := time.Now()
-	b := &budget{Context: ctx, nodes: c.nodes}
+	b := &budget{Context: ctx, nodes: c.nodes, start: now}
 	b.deadline = now.Add(c.redisTimeout)
 	if ctx.Done() == nil {
-		b.tick = c.ticks.by(b.deadline.UnixNano())
+		if node == nil {
+			node = &c.nodes.one
+		}
+		b.tick = node.ticks.by(b.deadline.UnixNano())
 		return b
 	}
 	if dl, ok := ctx.Deadline(); ok && dl.Before(b.deadline) {
@@ -147,49 +186,6 @@ func (c *Cache[T]) budget(ctx context.Context) *budget {
 	}
 	b.Context, b.cancel = context.WithDeadline(ctx, b.deadline)
 	return b
-}
-
-// dialHook tells the budget of the call that made a connection when the
-// connection failed: New adds it to the client (and to each node's client
-// of a Cluster). It changes nothing else: commands and pipelines pass
-// through untouched.
-type dialHook struct{}
-
-func (dialHook) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := next(ctx, network, addr)
-		if err != nil {
-			if b, ok := ctx.Value(budgetKey{}).(*budget); ok {
-				b.dialed.Store(&dialFailure{addr: addr, err: err})
-				if refused(err) {
-					// Nothing listens there: a definite failure, not one
-					// to be counted towards the threshold while every
-					// call waits out its budget on go-redis's retries.
-					b.nodes.forAddr(addr).trip()
-				}
-			}
-		}
-		return conn, err
-	}
-}
-
-func (dialHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-
-func (dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// hookDials adds dialHook to rdb: to each node's client on a Cluster, as
-// the cluster's own hooks do not see its nodes' dials. (Nodes a Cluster
-// client made before New are not hooked: their dial failures are reported
-// by the budget running out, as before.)
-func hookDials(rdb redis.UniversalClient) {
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		c.OnNewNode(func(n *redis.Client) { n.AddHook(dialHook{}) })
-	default:
-		rdb.AddHook(dialHook{})
-	}
 }
 
 // refused reports whether a dial failed because nothing can be reached at
@@ -209,19 +205,52 @@ func refused(err error) bool {
 // ended first (the call is then no failure of Redis's, and is not
 // counted), or an *Error matching ErrRedis (and ErrCircuitOpen when key's
 // node's breaker is open and it was not tried).
+//
+// The call first waits, under ctx alone, for one of the node's slots (see
+// breaker.enter); its budget begins once it has one. A read that ran out
+// of its budget while the node answered other calls (judged late: see
+// judgeCall) is made again, each time with a budget of its own, for up to
+// the load timeout or until ctx ends.
 func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], f func(context.Context) error) error {
-	bud := c.budget(ctx)
+	b := c.node(ctx, key)
+	if err := b.enter(ctx, c.life.ctx.Done()); err != nil {
+		return keyErr(op, key, err)
+	}
+	defer b.leave()
+	var first time.Time
+	for {
+		if op != opInvalidate && !b.allow() {
+			return circuitOpen(op, key, b)
+		}
+		bud := c.budget(ctx, b)
+		if first.IsZero() {
+			first = bud.start
+		}
+		o, err := c.judgeCall(ctx, bud, b, op, key, f(bud))
+		bud.end()
+		b.feed(o)
+		if o == late && op == "get" && c.life.ctx.Err() == nil && time.Since(first) < c.loadTimeout {
+			// Redis is fine and a read can be made again: loading instead
+			// would send the surge this process cannot keep up with to
+			// the database. The caller waits under its own context.
+			continue
+		}
+		if (o == failed || o == refusedConn) && err != nil && err != redis.Nil {
+			c.redisFailed(p, b, err)
+		}
+		return err
+	}
+}
+
+// node returns the breaker of key's node: on a Cluster, finding it may
+// need the slot map, which is loaded under a budget of its own.
+func (c *Cache[T]) node(ctx context.Context, key string) *breaker {
+	if c.nodes.cluster == nil {
+		return &c.nodes.one
+	}
+	bud := c.budget(ctx, &c.nodes.one)
 	defer bud.end()
-	b := c.nodes.forKey(bud, key)
-	if op != opInvalidate && !b.allow() {
-		return circuitOpen(op, key)
-	}
-	o, err := c.judgeCall(ctx, bud, op, key, f(bud))
-	b.feed(o)
-	if o != neutral && err != nil && err != redis.Nil {
-		c.redisFailed(p, b, err)
-	}
-	return err
+	return c.nodes.forKey(bud, key)
 }
 
 // roundTripMany makes one pipeline of Redis calls, one round trip per node:
@@ -251,14 +280,14 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 		})
 		return errs
 	}
-	bud := c.budget(ctx)
+	bud := c.budget(ctx, nil)
 	defer bud.end()
 	nb := c.batchNodes(bud, keys)
 	pipe := c.rdb.Pipeline()
 	cmds := make([]redis.Cmder, len(keys))
 	for i, k := range keys {
 		if op != opInvalidate && !nb.allowed(i) {
-			errs[i] = circuitOpen(op, k)
+			errs[i] = circuitOpen(op, k, nb.of[i])
 			continue
 		}
 		cmds[i] = queue(bud, pipe, i, true)
@@ -280,9 +309,9 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 		if cmd == nil {
 			continue
 		}
-		o, err := c.judgeCall(ctx, bud, op, keys[i], cmd.Err())
+		o, err := c.judgeCall(ctx, bud, nb.of[i], op, keys[i], cmd.Err())
 		nb.saw(i, o)
-		if o != neutral && err != nil && err != redis.Nil {
+		if (o == failed || o == refusedConn) && err != nil && err != redis.Nil {
 			c.redisFailed(c.policy(keys[i]), nb.of[i], err)
 		}
 		errs[i] = err
@@ -294,9 +323,21 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 // isNoScript reports a node's answer that it has not seen a script yet.
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-// judgeCall judges what a Redis call made for caller, under bud, says of
-// its node, and returns the error its caller gets: see roundTrip.
-func (c *Cache[T]) judgeCall(caller context.Context, bud *budget, op, key string, err error) (outcome, error) {
+// judgeCall judges what a Redis call made for caller, under bud, to node,
+// says of the node, and returns the error its caller gets: see roundTrip.
+//
+// A call that ran out of its budget is judged by what the node's
+// connections saw meanwhile (see conn.go), not by the clock alone. If a
+// reply came back from the node after the call began, or no command has
+// been waiting for a reply from it for half the budget, the node was not
+// what the call waited on: this process was (a CPU, a pooled connection,
+// a dial, the calls queued before it). Such a call is late: its caller
+// gets an error, but the node is not blamed for it, not counted in
+// RedisErrors and not told to the breaker. A node that is stopped, hung
+// or cut off answers nothing while a command waits, so its calls are
+// judged failed, one per budget, as before; one that refuses a connection
+// is judged at the first refusal.
+func (c *Cache[T]) judgeCall(caller context.Context, bud *budget, node *breaker, op, key string, err error) (outcome, error) {
 	if err == nil || err == redis.Nil {
 		return healthy, err
 	}
@@ -310,15 +351,44 @@ func (c *Cache[T]) judgeCall(caller context.Context, bud *budget, op, key string
 		return neutral, keyErr(op, key, context.DeadlineExceeded)
 	}
 	o := judgeRedis(err)
+	d := bud.dialed.Load()
+	if r := node.refusal.Load(); d == nil && r != nil && r.at >= bud.start.UnixNano() {
+		d = r // a dial of go-redis's own, on the call's behalf
+	}
 	cause := err
-	if d := bud.dialed.Load(); d != nil && !errors.Is(err, d.err) {
+	if d != nil && !errors.Is(err, d.err) {
 		cause = &dialError{d: d, err: err, budget: c.redisTimeout}
 	}
-	if o == failed && (refused(err) || bud.dialed.Load() != nil && refused(bud.dialed.Load().err)) {
+	switch {
+	case o != failed:
+	case refused(err) || d != nil && refused(d.err):
 		o = refusedConn
+	case d == nil && expired(err) && !node.unresponsive(bud):
+		o, cause = late, &lateError{err: err, budget: bud.deadline.Sub(bud.start)}
 	}
 	return o, keyErr(op, key, redisErr(cause))
 }
+
+// expired reports whether err is a call's budget running out: a deadline
+// on the socket, the call's context, or a wait for a pooled connection.
+func expired(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+		errors.As(err, &ne) && ne.Timeout()
+}
+
+// A lateError is a call that ran out of its budget while its node was
+// answering: see judgeCall.
+type lateError struct {
+	err    error
+	budget time.Duration
+}
+
+func (e *lateError) Error() string {
+	return fmt.Sprintf("%v (no reply within the Redis budget of %v, while the node answered other calls: this process was too busy to make the call in time)", e.err, e.budget)
+}
+
+func (e *lateError) Unwrap() error { return e.err }
 
 // A dialError is a call that failed after a connection for it could not
 // be made: it names the dial's failure first.
@@ -329,6 +399,9 @@ type dialError struct {
 }
 
 func (e *dialError) Error() string {
+	if errors.Is(e.err, context.Canceled) {
+		return fmt.Sprintf("%v (the call ended at the refusal)", e.d.err)
+	}
 	if errors.Is(e.err, context.DeadlineExceeded) {
 		return fmt.Sprintf("%v (then the Redis budget of %v ran out)", e.d.err, e.budget)
 	}
@@ -338,8 +411,12 @@ func (e *dialError) Error() string {
 func (e *dialError) Unwrap() []error { return []error{e.d.err, e.err} }
 
 // circuitOpen is the error of a call that did not try key's node because
-// its breaker is open.
-func circuitOpen(op, key string) error {
+// its breaker, b, is open: it names the refused connection that opened
+// it, if one did.
+func circuitOpen(op, key string, b *breaker) error {
+	if r := b.refusal.Load(); r != nil && refused(r.err) && r.at >= b.opened.Load()-int64(b.cfg.cooldown) {
+		return keyErr(op, key, &kindError{ErrRedis, &kindError{ErrCircuitOpen, r.err}})
+	}
 	return keyErr(op, key, &kindError{ErrRedis, ErrCircuitOpen})
 }
 
@@ -394,6 +471,99 @@ type breaker struct {
 	failures  atomic.Int64
 	openUntil atomic.Int64 // unix nanoseconds; 0 when closed
 	probeAt   atomic.Int64 // unix nanoseconds the probe began; 0 when none
+
+	// What the node's connections saw (conn.go), in unix nanoseconds:
+	// when a read last returned bytes, and when the first command written
+	// since then was written (0: none is waiting).
+	lastRead   atomic.Int64
+	unanswered atomic.Int64
+	refusal    atomic.Pointer[dialFailure] // the latest dial to the node that failed
+
+	watched atomic.Int64                 // the node's connections that report (conn.go)
+	pool    atomic.Pointer[redis.Client] // the node's client, for its pool's size; nil: unknown
+	opened  atomic.Int64                 // unix nanoseconds the breaker last opened
+
+	ticks   ticks         // the shared ends of the budgets of calls to the node
+	slots   chan struct{} // one per call in flight to the node; nil: no bound
+	waiting atomic.Int64  // calls waiting for a slot
+}
+
+// refusedDial notes a dial to the node that failed; a refused one opens
+// the breaker and ends the node's calls under way (see ticks.abort).
+func (b *breaker) refusedDial(f *dialFailure) {
+	b.refusal.Store(f)
+	if refused(f.err) {
+		b.trip()
+		b.ticks.abort()
+	}
+}
+
+// answered notes a reply from the node at now: it is alive, and nothing
+// written to it before now is waiting on a dead node.
+func (b *breaker) answered(now int64) {
+	b.lastRead.Store(now)
+	if b.unanswered.Load() != 0 {
+		b.unanswered.Store(0)
+	}
+}
+
+// asked notes a command written to the node at now.
+func (b *breaker) asked(now int64) {
+	if b.unanswered.Load() == 0 {
+		b.unanswered.CompareAndSwap(0, now)
+	}
+}
+
+// unresponsive reports whether the node, rather than this process, is what
+// a call under bud waited on: nothing came back from it since the call
+// began, and a command has waited on it for at least half the budget.
+//
+// Only watched connections tell: if the node's pool holds connections
+// made before the cache was (unwatched), the call may have used one, and
+// an expiry with no reply from the node since the call began is taken as
+// the node's, as if nothing were watched.
+func (b *breaker) unresponsive(bud *budget) bool {
+	if b.lastRead.Load() >= bud.start.UnixNano() {
+		return false
+	}
+	if w := b.unanswered.Load(); w != 0 {
+		return w <= bud.deadline.UnixNano()-int64(bud.deadline.Sub(bud.start))/2
+	}
+	cl := b.pool.Load()
+	return cl == nil || int64(cl.PoolStats().TotalConns) > b.watched.Load()
+}
+
+// enter waits for one of the node's slots, so that no more calls ask the
+// client for a connection to the node than its pool holds: the thousands
+// of a surge wait here, where waiting is not charged to their budgets,
+// rather than in the pool. It returns ctx's error if ctx ends first, or
+// ErrClosed if the cache gives up on its calls (closing). A call that
+// enters leaves.
+func (b *breaker) enter(ctx context.Context, closing <-chan struct{}) error {
+	if b.slots == nil {
+		return nil
+	}
+	select {
+	case b.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
+	select {
+	case b.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-closing:
+		return ErrClosed
+	}
+}
+
+func (b *breaker) leave() {
+	if b.slots != nil {
+		<-b.slots
+	}
 }
 
 // allow reports whether a call may try the node.
@@ -452,7 +622,11 @@ func (b *breaker) trip() {
 // starts its cool-down again.
 func (b *breaker) open() {
 	b.mu.Lock()
-	old := b.openUntil.Swap(time.Now().Add(b.cfg.cooldown).UnixNano())
+	now := time.Now()
+	old := b.openUntil.Swap(now.Add(b.cfg.cooldown).UnixNano())
+	if old == 0 {
+		b.opened.Store(now.UnixNano())
+	}
 	b.probeAt.Store(0)
 	if old == 0 {
 		b.notify(true)
@@ -476,19 +650,37 @@ func (b *breaker) notify(open bool) {
 type nodes struct {
 	cfg     breakerConfig
 	obs     Observer
+	step    int64 // the ticks' step
+	pool    int   // the client's connections per node; 0: unknown
 	cluster *redis.ClusterClient
 	one     breaker // the node of a non-cluster client, and of keys whose master is unknown
 	byAddr  sync.Map
 }
 
-func newNodes(rdb redis.UniversalClient, cfg breakerConfig, obs Observer) *nodes {
-	n := &nodes{cfg: cfg, obs: obs}
-	n.one.cfg, n.one.obs = cfg, obs
+func newNodes(rdb redis.UniversalClient, cfg breakerConfig, obs Observer, budget time.Duration) *nodes {
+	n := &nodes{cfg: cfg, obs: obs, step: int64(max(budget/16, time.Millisecond))}
 	n.cluster, _ = rdb.(*redis.ClusterClient)
+	switch c := rdb.(type) {
+	case *redis.Client:
+		n.pool = c.Options().PoolSize
+	case *redis.ClusterClient:
+		n.pool = c.Options().PoolSize
+	}
+	n.init(&n.one, "")
 	if c, ok := rdb.(*redis.Client); ok {
 		n.one.addr = c.Options().Addr // "FailoverClient" through Sentinel
+		n.one.pool.Store(c)
 	}
 	return n
+}
+
+// init readies a node's breaker.
+func (n *nodes) init(b *breaker, addr string) {
+	b.cfg, b.obs, b.addr = n.cfg, n.obs, addr
+	b.ticks.step = n.step
+	if n.pool > 0 {
+		b.slots = make(chan struct{}, n.pool)
+	}
 }
 
 // forKey returns the breaker of key's node. It costs a slot computation
@@ -503,7 +695,11 @@ func (n *nodes) forKey(ctx context.Context, key string) *breaker {
 		// follows is charged to the shared bucket.
 		return &n.one
 	}
-	return n.forAddr(cl.Options().Addr)
+	b := n.forAddr(cl.Options().Addr)
+	if b.pool.Load() != cl {
+		b.pool.Store(cl)
+	}
+	return b
 }
 
 // forAddr returns the breaker of the node at addr: on a Cluster, the
@@ -515,7 +711,9 @@ func (n *nodes) forAddr(addr string) *breaker {
 	if b, ok := n.byAddr.Load(addr); ok {
 		return b.(*breaker)
 	}
-	b, _ := n.byAddr.LoadOrStore(addr, &breaker{cfg: n.cfg, addr: addr, obs: n.obs})
+	nb := &breaker{}
+	n.init(nb, addr)
+	b, _ := n.byAddr.LoadOrStore(addr, nb)
 	return b.(*breaker)
 }
 
@@ -525,6 +723,7 @@ type outcome uint8
 const (
 	healthy     outcome = iota // the node answered (a value, nil, or an error reply about the data)
 	neutral                    // says nothing of the node: the caller's own context ended
+	late                       // says nothing of the node: this process was too busy to make the call in time
 	failed                     // the node's own failure
 	refusedConn                // nothing listens at the node's address: open the breaker now
 )

@@ -155,7 +155,7 @@ func run(ctx context.Context, cfg config, w io.Writer) (rep report, err error) {
 	}
 
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
-		DialTimeout: 200 * time.Millisecond, DialerRetries: 1, MaxRetries: -1, PoolSize: cfg.Clients + 8})
+		MaxRetries: -1, DialerRetries: 1, MinIdleConns: 8}) // the README's recommended settings
 	db := &database{rows: map[string]Profile{}, delay: 10 * time.Millisecond}
 	for i := range 20 {
 		id := fmt.Sprint(i)

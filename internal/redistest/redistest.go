@@ -179,6 +179,17 @@ func (s *Server) Stop(tb testing.TB) {
 	}
 }
 
+// Kill ends the server with SIGKILL, as a crash or an OOM kill would: it
+// has no chance to close its connections in order. As with Stop, the port
+// stays assigned to s for Restart. Killing a stopped server does nothing.
+// For the miniredis fallback Kill closes the listener, as Stop does.
+func (s *Server) Kill(tb testing.TB) {
+	tb.Helper()
+	if err := s.kill(); err != nil {
+		tb.Fatalf("redistest: kill %s: %v", s.addr, err)
+	}
+}
+
 // Restart starts the server again on the same port (stopping it first if it
 // is running) and waits until it answers PING. The restarted server is empty,
 // since it has no persistence; the miniredis fallback is flushed to match.

@@ -325,7 +325,11 @@ func (s *Server) startLocked() error {
 
 // stopLocked stops the process: SIGCONT if paused, SIGTERM, then SIGKILL
 // after stopTimeout. It always reaps the process. s.mu must be held.
-func (s *Server) stopLocked() error {
+func (s *Server) stopLocked() error { return s.endLocked(false) }
+
+// endLocked ends the server process: with SIGTERM, then SIGKILL if it
+// lingers; or, with kill, with SIGKILL at once, as a crash would.
+func (s *Server) endLocked(kill bool) error {
 	p := s.proc
 	if p == nil {
 		return nil
@@ -336,7 +340,11 @@ func (s *Server) stopLocked() error {
 		s.paused = false
 	}
 	if !p.exited() {
-		_ = terminate(p.cmd.Process)
+		if kill {
+			_ = forceKill(p.cmd.Process)
+		} else {
+			_ = terminate(p.cmd.Process)
+		}
 		select {
 		case <-p.done:
 		case <-time.After(stopTimeout):
@@ -371,6 +379,18 @@ func (s *Server) close() error {
 		err = os.RemoveAll(s.dir)
 	}
 	return err
+}
+
+// kill ends the server with SIGKILL.
+func (s *Server) kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mini != nil {
+		s.mini.Close()
+		s.miniUp = false
+		return nil
+	}
+	return s.endLocked(true)
 }
 
 func (s *Server) stop() error {

@@ -1,0 +1,209 @@
+package packcache
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"weak"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// What the cache learns from the connections themselves. A call that ran
+// out of its budget may have waited on Redis, or on this process: for a
+// CPU among thousands of goroutines, for a pooled connection, for a dial.
+// Only the first is a failure of Redis's (see judgeCall). The connections
+// tell them apart: New adds dialHook to the client, which wraps each
+// connection the client makes so that its node learns when bytes last
+// came back from Redis and since when a command written to it has had no
+// reply; and which notes every dial that fails, whatever goroutine of
+// go-redis's made it (go-redis dials on goroutines of its own, under
+// contexts that are not the call's): a refused one opens the node's
+// breaker in every cache over the client.
+
+// A hub is where the caches over one client learn what its connections
+// saw: the client gets one dialHook, whatever the number of caches over
+// it, and each connection it dials reports to the node of every cache
+// registered then. Hubs are kept by client, in hubs.
+type hub struct {
+	mu     sync.Mutex
+	caches atomic.Pointer[[]*nodes] // replaced, never changed in place
+}
+
+// hubs maps a client (weakly: a client no one holds is dropped) to its hub.
+var hubs sync.Map // weak.Pointer[C] -> *hub
+
+// hubFor returns c's hub, making it and hooking c (through hook, called
+// once per client) if c has none yet.
+func hubFor[C any](c *C, hook func(*hub)) *hub {
+	key := weak.Make(c)
+	if h, ok := hubs.Load(key); ok {
+		return h.(*hub)
+	}
+	h, loaded := hubs.LoadOrStore(key, &hub{})
+	if !loaded {
+		runtime.AddCleanup(c, func(k weak.Pointer[C]) { hubs.Delete(k) }, key)
+		hook(h.(*hub))
+	}
+	return h.(*hub)
+}
+
+func (h *hub) add(n *nodes) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var cur []*nodes
+	if p := h.caches.Load(); p != nil {
+		cur = *p
+	}
+	next := append(slices.Clip(cur), n)
+	h.caches.Store(&next)
+}
+
+func (h *hub) remove(n *nodes) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := h.caches.Load()
+	if p == nil {
+		return
+	}
+	next := slices.DeleteFunc(slices.Clone(*p), func(m *nodes) bool { return m == n })
+	h.caches.Store(&next)
+}
+
+// watchDials makes rdb's connections report to n's nodes: through the
+// client's hub for a single-node or Cluster client (on a Cluster, each
+// node's client is hooked as the cluster makes it), or through a hook of
+// n's own for a client of another kind. Connections the client made
+// before its first cache was made are not watched: see judgeCall. Close
+// ends the reports (hub.remove).
+func watchDials(rdb redis.UniversalClient, n *nodes) *hub {
+	var h *hub
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		h = hubFor(c, func(h *hub) { c.OnNewNode(func(cl *redis.Client) { cl.AddHook(dialHook{h}) }) })
+	case *redis.Client:
+		h = hubFor(c, func(h *hub) { c.AddHook(dialHook{h}) })
+	default:
+		h = &hub{}
+		rdb.AddHook(dialHook{h})
+	}
+	h.add(n)
+	return h
+}
+
+// dialHook watches the connections of a client for the caches of its hub:
+// see above. It changes nothing else: commands and pipelines pass through
+// untouched.
+type dialHook struct{ hub *hub }
+
+func (d dialHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		p := d.hub.caches.Load()
+		if p == nil || len(*p) == 0 {
+			return conn, err
+		}
+		if err != nil {
+			f := &dialFailure{addr: addr, err: err, at: time.Now().UnixNano()}
+			if b, ok := ctx.Value(budgetKey{}).(*budget); ok {
+				b.dialed.Store(f)
+			}
+			for _, n := range *p {
+				n.forAddr(addr).refusedDial(f)
+			}
+			return conn, err
+		}
+		watchers := make([]*breaker, len(*p))
+		for i, n := range *p {
+			watchers[i] = n.forAddr(addr)
+		}
+		return watch(conn, watchers), nil
+	}
+}
+
+func (dialHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A watchedConn is a connection to a node that tells the node (its breaker
+// in each cache over the client) when it reads a reply and when it writes
+// a command.
+type watchedConn struct {
+	net.Conn
+	nodes  []*breaker
+	closed atomic.Bool
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		now := time.Now().UnixNano()
+		for _, b := range c.nodes {
+			b.answered(now)
+		}
+	}
+	return n, err
+}
+
+func (c *watchedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		now := time.Now().UnixNano()
+		for _, b := range c.nodes {
+			b.asked(now)
+		}
+	}
+	return n, err
+}
+
+func (c *watchedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		for _, b := range c.nodes {
+			b.watched.Add(-1)
+		}
+	}
+	return c.Conn.Close()
+}
+
+// A watchedSysConn is a watchedConn whose connection gives access to its
+// file descriptor, which go-redis uses to check an idle connection's
+// health before reuse: the wrapper must not hide it.
+type watchedSysConn struct {
+	*watchedConn
+	sys syscall.Conn
+}
+
+func (c watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
+
+// Close tells the node, before it closes the connection, whether a reply
+// was waiting unread on it. go-redis closes a connection whose call ran
+// out of its budget; if the reply had come meanwhile, and only the
+// goroutine meant to read it was late (waiting for a CPU), the node did
+// answer, and the call is judged late, not failed.
+func (c watchedSysConn) Close() error {
+	if !c.closed.Load() && waiting(c.sys) {
+		now := time.Now().UnixNano()
+		for _, b := range c.nodes {
+			b.answered(now)
+		}
+	}
+	return c.watchedConn.Close()
+}
+
+func watch(conn net.Conn, nodes []*breaker) net.Conn {
+	for _, b := range nodes {
+		b.watched.Add(1)
+	}
+	w := &watchedConn{Conn: conn, nodes: nodes}
+	if sc, ok := conn.(syscall.Conn); ok {
+		return watchedSysConn{w, sc}
+	}
+	return w
+}
