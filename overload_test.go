@@ -223,6 +223,8 @@ func TestSlotWaitEndsWithCaller(t *testing.T) {
 }
 
 // TestKilledRedisFailsFast: after a warm Get, the server is SIGKILLed.
+// (On one node, then a fresh pool to the dead server does the same, and
+// the cache stores again once the server restarts on its port.)
 // With go-redis's default retries (three per command, five dials per
 // connection), 20 read-through Gets of distinct keys each return the
 // loader's value, no Redis call waits out its budget (the first refused
@@ -291,6 +293,31 @@ func TestKilledRedisFailsFast(t *testing.T) {
 			keys[i] = fmt.Sprintf("killed:%d", i)
 		}
 		check(t, s.Client(t), keys, func() { s.Kill(t) })
+
+		// A fresh pool, never connected, to the dead server: the same.
+		fresh := s.Client(t)
+		var log errorLog
+		c := mustNew[string](t, fresh, log.handler(), packcache.WithRedisTimeout(time.Second),
+			packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) { return "loaded", nil })))
+		ctx := ctxT(t)
+		for _, k := range keys {
+			if v, err := c.Get(ctx, k); err != nil || v != "loaded" {
+				t.Fatalf("read-through Get of %s on a fresh pool to a dead server: %q, %v", k, v, err)
+			}
+		}
+		for _, err := range log.all() {
+			if errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("fresh pool: %v, want the refused connection named and no budget run out", err)
+			}
+		}
+
+		// The server restarts on the same port: once the breaker's
+		// cool-down ends, its probe finds it, and values are stored again.
+		s.Restart(t)
+		waitFor(t, 30*time.Second, "a store after the restart", func() bool {
+			c.Get(ctx, "killed:after")
+			return c.Stats().Stores > 0
+		})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
