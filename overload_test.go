@@ -70,6 +70,13 @@ func (b *breakerWatch) ObserveRedis(e packcache.RedisEvent) {
 // which was counted as Redis failing, and each read that found "Redis
 // unavailable" loaded again.)
 func TestColdSurgeOnBusyMachine(t *testing.T) {
+	if raceEnabled {
+		// The race detector slows every goroutine five to twenty times:
+		// with the cores saturated as well, that is a machine no
+		// deployment runs on. CI runs this test without -race, in a step
+		// of its own.
+		t.Skip("run without -race")
+	}
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "counts what a real server's clients do under load")
 	redistest.Saturate(t, 4)
@@ -355,6 +362,13 @@ func TestKilledRedisFailsFast(t *testing.T) {
 // make 5 Gets each of keys of their own. No Redis error is counted, no
 // breaker opens, and go-redis logs no dial failure.
 func TestRecommendedSettingsUnderSurge(t *testing.T) {
+	if raceEnabled {
+		// The race detector slows every goroutine five to twenty times:
+		// with the cores saturated as well, that is a machine no
+		// deployment runs on. CI runs this test without -race, in a step
+		// of its own.
+		t.Skip("run without -race")
+	}
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "counts what a real server's clients do under load")
 	logged := &captureLogger{}
