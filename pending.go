@@ -302,9 +302,29 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 		return 0, settleAfter
 	}
 	sent := time.Now()
-	errs := c.roundTripMany(ctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	// On a Cluster, the replicas of the keys' slots are tried alongside
+	// (failover.go): a promoted one runs the DEL while the client's map
+	// still names a hung master. Once every key ran there, the master's
+	// call is given up (its context's end is not a failure of Redis's).
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var ran []bool
+	var onReplicas bool
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	if c.peers.cluster != nil {
+		wg.Go(func() { ran, onReplicas = c.retryOnReplicas(ctx, keys, keeps, done, cancel) })
+	}
+	errs := c.roundTripMany(mctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, owedScript, sha, keys[i], keeps[i])
 	})
+	close(done)
+	wg.Wait()
+	for i, r := range ran {
+		if r {
+			errs[i] = nil
+		}
+	}
 	answered := time.Now()
 	settling := 0
 	o.mu.Lock()
@@ -327,6 +347,8 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 	}
 	o.mu.Unlock()
 	switch {
+	case landed+settling == 0 && onReplicas:
+		next = failoverProbe // no master answered: try their replicas again soon
 	case landed+settling == 0:
 		next = owedBackoff // Redis did not answer
 	case len(keys) == owedRound || settling == 0:

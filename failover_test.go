@@ -1,0 +1,239 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// A read of the failover test's key: when it began, and whether it
+// returned the old value or reached Redis at all.
+type failoverRead struct {
+	at      time.Time
+	old     bool
+	reached bool // Redis answered: a value or a miss, not an error
+}
+
+// failoverReads records the reads of one poller.
+type failoverReads struct {
+	mu    sync.Mutex
+	reads []failoverRead
+}
+
+func (r *failoverReads) add(at time.Time, old, reached bool) {
+	r.mu.Lock()
+	r.reads = append(r.reads, failoverRead{at, old, reached})
+	r.mu.Unlock()
+}
+
+// since counts the reads begun at or after t: all of them, those that
+// reached Redis, and those that returned the old value, with the last
+// such.
+func (r *failoverReads) since(t time.Time) (n, reached, old int, lastOld time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, x := range r.reads {
+		if x.at.Before(t) {
+			continue
+		}
+		n++
+		if x.reached {
+			reached++
+		}
+		if x.old {
+			old++
+			lastOld = x.at
+		}
+	}
+	return
+}
+
+// TestPendingFollowsFailover: on a Cluster of 3 masters with a replica
+// each, a master is paused (SIGSTOP) and stays paused until the test
+// ends. A Delete of a key on it returns ErrPending; once the master's
+// replica is promoted, the pending invalidation lands on it (the old master
+// still paused), within 2 s of the promotion as the test observes it.
+// From then on another process (a second ClusterClient and Cache, with a
+// near cache) and a client of the new master read no old value, and the
+// near caches of both processes serve again, the old master still paused.
+//
+// It runs twice: with no near cache in the deleting process, whose client
+// then learns of the failover from nothing else (a near cache's
+// invalidation connections reload the client's map each second), and with
+// one.
+func TestPendingFollowsFailover(t *testing.T) {
+	// Not parallel: it holds the landing to a bound from the promotion.
+	for _, near := range []bool{false, true} {
+		t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) { testPendingFollowsFailover(t, near) })
+	}
+}
+
+func testPendingFollowsFailover(t *testing.T, near bool) {
+	cl := redistest.StartClusterWithReplicas(t, 3, 1)
+	ctx := ctxT(t)
+	noRetry := func(o *redis.ClusterOptions) { o.MaxRetries = -1 }
+	db := &source{}
+	rec := &recorder{}
+	opts := []packcache.Option{packcache.WithLoader[string](db), packcache.WithShareWindow(packcache.Off),
+		packcache.WithRedisTimeout(300 * time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute), packcache.WithObserver(rec)}
+	if near {
+		opts = advNear(200*time.Millisecond, opts...)
+	}
+	w := mustNew[string](t, cl.Client(t, noRetry), opts...)
+	// Another process: a client and a cache of their own, no loader.
+	o := mustNew[string](t, cl.Client(t, noRetry), advNear(200*time.Millisecond, packcache.WithRedisTimeout(300*time.Millisecond))...)
+
+	const key = "fo:k"
+	m := cl.NodeForKey(t, key)
+	r := cl.Replicas(m)[0]
+	var other string // a key on another master, for the near cache's serving
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprintf("fo:other:%d", i); cl.NodeForKey(t, k) != m {
+			other = k
+		}
+	}
+	for _, k := range []string{key, other} {
+		db.put(k, "old")
+		if err := w.Set(ctx, k, "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := m.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for the replica = %d, %v", n, err)
+	}
+	waitNear(t, o, key)
+	waitNear(t, o, other)
+	if near {
+		waitNear(t, w, key)
+		waitNear(t, w, other)
+	}
+
+	// The pollers: the other process's cache, and a client of the replica
+	// that is to be promoted (reading its own data: a replica answers a
+	// GET of its master's slot with MOVED until it is promoted).
+	rc := r.Client(t)
+	var oReads, rReads failoverReads
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			at := time.Now()
+			v, err := o.Get(ctx, key)
+			oReads.add(at, err == nil && v == "old", err == nil || errors.Is(err, packcache.ErrMiss))
+		}
+	})
+	wg.Go(func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			at := time.Now()
+			v, err := rc.Get(ctx, key).Result()
+			rReads.add(at, err == nil && v == `"old"`, err == nil || err == redis.Nil)
+		}
+	})
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+
+	m.Pause(t) // resumed by the cluster's cleanup, after the test
+	paused := time.Now()
+	db.put(key, "new")
+	if err := w.Delete(ctx, key); !errors.Is(err, packcache.ErrPending) {
+		t.Fatalf("Delete with the master paused: %v, want ErrPending", err)
+	}
+	promoted := cl.WaitPromoted(t, r, 30*time.Second)
+	t.Logf("replica promoted %v after the pause (as WaitPromoted first saw it)", promoted.Sub(paused))
+
+	waitFor(t, 15*time.Second, "the pending invalidation landing", func() bool {
+		st := w.Stats()
+		return st.Pending == 0 && st.PendingApplied == 1
+	})
+	landed := time.Now()
+	// The bound is the promise itself: measured from the promotion as
+	// WaitPromoted first saw it (up to its 20 ms poll after the fact) to
+	// the landing as this poll first saw it (after the fact too).
+	t.Logf("invalidation landed %v after the promotion", landed.Sub(promoted))
+	if d := landed.Sub(promoted); d > 2*time.Second {
+		t.Errorf("the invalidation landed %v after the promotion, want within 2 s", d)
+	}
+	if n, err := rc.Exists(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS %s on the promoted replica after the landing = %d, %v", key, n, err)
+	}
+	// The old master is still paused: it does not answer.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err := m.Client(t).Ping(short).Err()
+	cancel()
+	if err == nil {
+		t.Fatal("the old master answered PING at the landing: it was resumed")
+	}
+
+	// The other process reaches the new master, and reads no old value.
+	waitFor(t, 15*time.Second, "the other process reading Redis 20 times after the landing", func() bool {
+		_, reached, _, _ := oReads.since(landed)
+		return reached >= 20
+	})
+	waitFor(t, 15*time.Second, "the near caches serving again, the old master still paused", func() bool {
+		return o.Stats().NearServing && (!near || w.Stats().NearServing)
+	})
+	if v, err := w.Get(ctx, key); err != nil || v != "new" {
+		t.Errorf("Get in the deleting process = %q, %v; want the loader's new value", v, err)
+	}
+	waitNear(t, o, other)
+	if near {
+		waitNear(t, w, other)
+	}
+	close(stop)
+	wg.Wait()
+	stop = make(chan struct{}) // for the deferred close
+
+	for _, p := range []struct {
+		name  string
+		reads *failoverReads
+	}{{"the other process's Get", &oReads}, {"a GET on the new master", &rReads}} {
+		n, reached, old, lastOld := p.reads.since(promoted)
+		last := "none"
+		if old > 0 {
+			last = fmt.Sprintf("the last begun %v after the promotion", lastOld.Sub(promoted))
+		}
+		t.Logf("%s from the promotion on: %d reads, %d reached Redis, %d old (%s)", p.name, n, reached, old, last)
+		n, reached, old, _ = p.reads.since(landed)
+		t.Logf("%s from the landing on: %d reads, %d reached Redis, %d old", p.name, n, reached, old)
+		if old > 0 {
+			t.Errorf("%s: %d reads begun after the landing returned the old value", p.name, old)
+		}
+	}
+	rec.mu.Lock()
+	var pending []int
+	for _, e := range rec.redis {
+		if e.Err == nil && e.Breaker == "" {
+			pending = append(pending, e.Pending)
+		}
+	}
+	rec.mu.Unlock()
+	if !slices.Equal(pending, []int{1, 0}) {
+		t.Errorf("observer saw Pending %v; want [1 0] (kept, landed)", pending)
+	}
+	if st := w.Stats(); st.PendingKept != 1 || st.PendingApplied != 1 || st.PendingExpired != 0 {
+		t.Errorf("Stats: kept %d, applied %d, expired %d; want 1, 1, 0", st.PendingKept, st.PendingApplied, st.PendingExpired)
+	}
+}
