@@ -2,6 +2,7 @@ package packcache
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,20 +19,26 @@ import (
 // client would go to it until the map is reloaded, or until it resumes,
 // while every other process reads the old value from the new master.
 //
-// So on a Cluster each retry round of the pending invalidations also
-// sends each key's DEL to a replica of its slot, as the client's map
-// names it, concurrently with the DEL sent to the slot's master through
-// the client:
+// So on a Cluster each retry round also sends each key's DEL to a few
+// other nodes, concurrently with the DEL sent to the slot's master through
+// the client: a replica of the slot, as the client's map names it, and
+// others the client has met, at random, up to failoverFanout:
 //
 //   - A replica that has been promoted owns the slot and runs the DEL: the
 //     invalidation is answered there, as it would be by the master.
-//   - A replica not promoted answers MOVED, naming the master it follows.
-//     That is no landing. A MOVED naming a third node (another replica,
-//     promoted) is followed: the DEL is sent there.
-//   - While the master's DEL has not come back, the replicas are asked
-//     again every failoverProbe, so that the DEL lands within about
-//     failoverProbe of a promotion that happens during a round, not a
-//     Redis budget later.
+//   - A node that does not own the slot answers MOVED, naming the master
+//     it knows (or CLUSTERDOWN while the cluster has not settled). A MOVED
+//     naming the master the client maps the slot to is no news; one
+//     naming another node (the promoted replica, which every node learns
+//     of within moments of the promotion) is followed: the DEL is sent
+//     there.
+//   - While the master's DEL has not come back, this is done again every
+//     failoverProbe, so that the DEL lands about failoverProbe after a
+//     promotion that happens during a round, not a Redis budget later.
+//
+// (go-redis's own choice of a replica, SlaveForKey, is not enough alone:
+// it answers with the master while it holds the replica for failing, for
+// up to FailingTimeoutSeconds.)
 //
 // A Redis failure of any call on a Cluster also asks go-redis to reload its
 // map (ClusterClient.ReloadState, in the background), so that the
@@ -45,6 +52,9 @@ import (
 // failoverProbe is how often a round whose master has not answered asks
 // the replicas again.
 const failoverProbe = 50 * time.Millisecond
+
+// failoverFanout is how many nodes besides the master each probe asks.
+const failoverFanout = 3
 
 // peers holds the client of each node go-redis made for a Cluster since
 // New, by address: where a MOVED names a node, the client to follow it
@@ -76,6 +86,29 @@ func (p *peers) client(addr string) *redis.Client {
 	return p.byAddr[addr]
 }
 
+// others returns up to n node clients, not at addr: first the client's
+// choice of a replica of key's slot, then nodes met since New, at random.
+func (p *peers) others(ctx context.Context, key, addr string, n int) []*redis.Client {
+	var out []*redis.Client
+	seen := map[string]bool{addr: true}
+	if r, err := p.cluster.SlaveForKey(ctx, key); err == nil && !seen[r.Options().Addr] {
+		seen[r.Options().Addr] = true
+		out = append(out, r)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a, c := range p.byAddr { // map order: at random
+		if len(out) == n {
+			break
+		}
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // stale tells go-redis that its map of the Cluster's slots may be out of
 // date: it reloads it in the background (at most one reload at a time).
 func (p *peers) stale() {
@@ -84,13 +117,13 @@ func (p *peers) stale() {
 	}
 }
 
-// retryOnReplicas sends the owed DELs of keys (keeps[i] is key i's spared
-// SHA-1) to the replicas of their slots, as described above, until each
-// has run on a node that owns its slot, or the master's round ends (done
-// closes), or ctx's Redis budget ends. It reports which keys ran, and
-// whether any was sent to a replica. Once every key has run, it calls
-// all: the round need not wait for the hung master.
-func (c *Cache[T]) retryOnReplicas(ctx context.Context, keys, keeps []string, done <-chan struct{}, all func()) (ran []bool, sent bool) {
+// retryElsewhere sends the owed DELs of keys (keeps[i] is key i's spared
+// SHA-1) to nodes besides their slots' masters, as described above, until
+// each has run on a node that owns its slot, or the master's round ends
+// (done closes), or ctx's Redis budget ends. It reports which keys ran,
+// and whether any was sent. Once every key has run, it calls all: the
+// round need not wait for a hung master.
+func (c *Cache[T]) retryElsewhere(ctx context.Context, keys, keeps []string, done <-chan struct{}, all func()) (ran []bool, sent bool) {
 	ran = make([]bool, len(keys))
 	p := &c.peers
 	bud := c.budget(ctx)
@@ -98,9 +131,8 @@ func (c *Cache[T]) retryOnReplicas(ctx context.Context, keys, keeps []string, do
 	tick := time.NewTicker(failoverProbe)
 	defer tick.Stop()
 	for {
-		// The replicas each key's slot has now, as the client maps it:
-		// keys whose slot has none but its master are not sent.
-		groups := map[*redis.Client][]int{}
+		// The keys left, by the master the client maps their slots to.
+		byMaster := map[string][]int{}
 		for i, k := range keys {
 			if ran[i] {
 				continue
@@ -109,36 +141,28 @@ func (c *Cache[T]) retryOnReplicas(ctx context.Context, keys, keeps []string, do
 			if err != nil {
 				continue
 			}
-			r, err := p.cluster.SlaveForKey(bud, k)
-			if err != nil || r.Options().Addr == m.Options().Addr {
-				continue
-			}
-			groups[r] = append(groups[r], i)
+			byMaster[m.Options().Addr] = append(byMaster[m.Options().Addr], i)
 		}
-		if len(groups) == 0 {
-			return ran, sent
-		}
-		sent = true
 		var wg sync.WaitGroup
 		var mu sync.Mutex
-		for r, idx := range groups {
-			wg.Go(func() {
-				got := c.owedOnNode(bud, r, keys, keeps, idx)
-				mu.Lock()
-				for _, i := range got {
-					ran[i] = true
-				}
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
-		left := 0
-		for _, r := range ran {
-			if !r {
-				left++
+		for master, idx := range byMaster {
+			for _, n := range p.others(bud, keys[idx[0]], master, failoverFanout) {
+				sent = true
+				wg.Go(func() {
+					got := c.owedOnNode(bud, n, master, keys, keeps, idx)
+					mu.Lock()
+					for _, i := range got {
+						ran[i] = true
+					}
+					mu.Unlock()
+				})
 			}
 		}
-		if left == 0 {
+		wg.Wait()
+		if !sent {
+			return ran, sent
+		}
+		if !slices.Contains(ran, false) {
 			all()
 			return ran, sent
 		}
@@ -152,10 +176,11 @@ func (c *Cache[T]) retryOnReplicas(ctx context.Context, keys, keeps []string, do
 	}
 }
 
-// owedOnNode sends the owed DELs of keys[idx] to node n in one pipeline,
-// follows each MOVED that names a node other than n and the slot's
-// master once, and returns the indexes of the keys whose DEL ran.
-func (c *Cache[T]) owedOnNode(ctx context.Context, n *redis.Client, keys, keeps []string, idx []int) []int {
+// owedOnNode sends the owed DELs of keys[idx], whose slots the client maps
+// to master, to node n in one pipeline, follows once each MOVED that
+// names a node other than n and master, and returns the indexes of the
+// keys whose DEL ran.
+func (c *Cache[T]) owedOnNode(ctx context.Context, n *redis.Client, master string, keys, keeps []string, idx []int) []int {
 	var ran []int
 	moved := map[string][]int{}
 	send := func(n *redis.Client, idx []int) []redis.Cmder {
@@ -183,9 +208,7 @@ func (c *Cache[T]) owedOnNode(ctx context.Context, n *redis.Client, keys, keeps 
 		case err == nil:
 			ran = append(ran, i)
 		case movedTo(err) != "":
-			to := movedTo(err)
-			m, merr := c.peers.cluster.MasterForKey(ctx, keys[i])
-			if to != n.Options().Addr && (merr != nil || to != m.Options().Addr) {
+			if to := movedTo(err); to != n.Options().Addr && to != master {
 				moved[to] = append(moved[to], i)
 			}
 		}
