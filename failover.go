@@ -120,46 +120,19 @@ func (p *peers) stale() {
 // retryElsewhere sends the owed DELs of keys (keeps[i] is key i's spared
 // SHA-1) to nodes besides their slots' masters, as described above, until
 // each has run on a node that owns its slot, or the master's round ends
-// (done closes), or ctx's Redis budget ends. It reports which keys ran,
-// and whether any was sent. Once every key has run, it calls all: the
-// round need not wait for a hung master.
+// (done closes), or ctx ends. Each probe has a Redis budget of its own:
+// the master's call may outlast one (go-redis bounds some of its waits,
+// such as a new connection's handshake, by its own timeouts). It reports
+// which keys ran, and whether any was sent. Once every key has run, it
+// calls all: the round need not wait for a hung master.
 func (c *Cache[T]) retryElsewhere(ctx context.Context, keys, keeps []string, done <-chan struct{}, all func()) (ran []bool, sent bool) {
 	ran = make([]bool, len(keys))
-	p := &c.peers
-	bud := c.budget(ctx)
-	defer bud.end()
 	tick := time.NewTicker(failoverProbe)
 	defer tick.Stop()
 	for {
-		// The keys left, by the master the client maps their slots to.
-		byMaster := map[string][]int{}
-		for i, k := range keys {
-			if ran[i] {
-				continue
-			}
-			m, err := p.cluster.MasterForKey(bud, k)
-			if err != nil {
-				continue
-			}
-			byMaster[m.Options().Addr] = append(byMaster[m.Options().Addr], i)
-		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		for master, idx := range byMaster {
-			for _, n := range p.others(bud, keys[idx[0]], master, failoverFanout) {
-				sent = true
-				wg.Go(func() {
-					got := c.owedOnNode(bud, n, master, keys, keeps, idx)
-					mu.Lock()
-					for _, i := range got {
-						ran[i] = true
-					}
-					mu.Unlock()
-				})
-			}
-		}
-		wg.Wait()
-		if !sent {
+		if c.probeElsewhere(ctx, keys, keeps, ran) {
+			sent = true
+		} else if !sent {
 			return ran, sent
 		}
 		if !slices.Contains(ran, false) {
@@ -169,11 +142,49 @@ func (c *Cache[T]) retryElsewhere(ctx context.Context, keys, keeps []string, don
 		select {
 		case <-done:
 			return ran, sent
-		case <-bud.Done():
+		case <-ctx.Done():
 			return ran, sent
 		case <-tick.C:
 		}
 	}
+}
+
+// probeElsewhere is one probe of retryElsewhere, within a Redis budget: it
+// sets ran[i] for each key i whose DEL ran, and reports whether it sent
+// any.
+func (c *Cache[T]) probeElsewhere(ctx context.Context, keys, keeps []string, ran []bool) (sent bool) {
+	p := &c.peers
+	bud := c.budget(ctx)
+	defer bud.end()
+	// The keys left, by the master the client maps their slots to.
+	byMaster := map[string][]int{}
+	for i, k := range keys {
+		if ran[i] {
+			continue
+		}
+		m, err := p.cluster.MasterForKey(bud, k)
+		if err != nil {
+			continue
+		}
+		byMaster[m.Options().Addr] = append(byMaster[m.Options().Addr], i)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for master, idx := range byMaster {
+		for _, n := range p.others(bud, keys[idx[0]], master, failoverFanout) {
+			sent = true
+			wg.Go(func() {
+				got := c.owedOnNode(bud, n, master, keys, keeps, idx)
+				mu.Lock()
+				for _, i := range got {
+					ran[i] = true
+				}
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	return sent
 }
 
 // owedOnNode sends the owed DELs of keys[idx], whose slots the client maps
