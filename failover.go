@@ -33,8 +33,9 @@ import (
 //     of within moments of the promotion) is followed: the DEL is sent
 //     there.
 //   - While the master's DEL has not come back, this is done again every
-//     failoverProbe, so that the DEL lands about failoverProbe after a
-//     promotion that happens during a round, not a Redis budget later.
+//     failoverProbe, and the next round follows failoverProbe after one
+//     that nothing answered: the DEL reaches a promoted replica about
+//     failoverProbe after the promotion, not a Redis budget later.
 //
 // (go-redis's own choice of a replica, SlaveForKey, is not enough alone:
 // it answers with the master while it holds the replica for failing, for
@@ -50,7 +51,8 @@ import (
 // sends cannot undo a write.
 
 // failoverProbe is how often a round whose master has not answered asks
-// the replicas again.
+// other nodes again, and how soon a round that nothing answered is
+// followed by the next.
 const failoverProbe = 50 * time.Millisecond
 
 // failoverFanout is how many nodes besides the master each probe asks.
@@ -87,7 +89,8 @@ func (p *peers) client(addr string) *redis.Client {
 }
 
 // others returns up to n node clients, not at addr: first the client's
-// choice of a replica of key's slot, then nodes met since New, at random.
+// choice of a replica of key's slot, then nodes met since New, in no set
+// order.
 func (p *peers) others(ctx context.Context, key, addr string, n int) []*redis.Client {
 	var out []*redis.Client
 	seen := map[string]bool{addr: true}
@@ -97,7 +100,7 @@ func (p *peers) others(ctx context.Context, key, addr string, n int) []*redis.Cl
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for a, c := range p.byAddr { // map order: at random
+	for a, c := range p.byAddr { // map order: a different few each time
 		if len(out) == n {
 			break
 		}

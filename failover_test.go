@@ -107,11 +107,21 @@ func testPendingFollowsFailover(t *testing.T, near bool) {
 			deleted = append(deleted, k)
 		}
 	}
+	// Stored with a minute's budget (a busy machine must not make the
+	// setup fail), then read by both caches until they answer: their
+	// clients have loaded the slot map and connected.
+	setup := mustNew[string](t, cl.Client(t))
 	for _, k := range append([]string{other}, deleted...) {
 		db.put(k, "old")
-		if err := w.Set(ctx, k, "old"); err != nil {
+		if err := setup.Set(ctx, k, "old"); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, c := range []*packcache.Cache[string]{w, o} {
+		waitFor(t, 10*time.Second, "a Get answered", func() bool {
+			v, err := c.Get(ctx, other)
+			return err == nil && v == "old"
+		})
 	}
 	if n, err := m.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
 		t.Fatalf("WAIT for the replica = %d, %v", n, err)
@@ -183,6 +193,14 @@ func testPendingFollowsFailover(t *testing.T, near bool) {
 	t.Logf("invalidation landed %v after the promotion", landed.Sub(promoted))
 	if d := landed.Sub(promoted); d > 2*time.Second {
 		t.Errorf("the invalidation landed %v after the promotion, want within 2 s", d)
+		// What the deleting process's calls met, for the diagnosis.
+		rec.mu.Lock()
+		for _, e := range rec.redis {
+			if e.Err != nil {
+				t.Logf("Redis failure at %s: %v", e.Node, e.Err)
+			}
+		}
+		rec.mu.Unlock()
 	}
 	for _, k := range deleted {
 		if n, err := rc.Exists(ctx, k).Result(); err != nil || n != 0 {
