@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Pending invalidations through a Cluster failover. go-redis routes a
@@ -60,11 +61,17 @@ const failoverFanout = 3
 
 // peers holds the client of each node go-redis made for a Cluster since
 // New, by address: where a MOVED names a node, the client to follow it
-// with.
+// with. For a node go-redis has not made a client of (its map does not
+// list the node: it was loaded from a view that did not, and its reload
+// may wait on the hung master for the client's ReadTimeout), peers makes
+// one of its own, with the options of the Cluster's node clients, and
+// closes it with the cache.
 type peers struct {
 	cluster *redis.ClusterClient // nil: not a Cluster
 	mu      sync.Mutex
 	byAddr  map[string]*redis.Client
+	own     map[string]*redis.Client // made by peers; closed by close
+	closed  bool
 }
 
 // watch records rdb's node clients from now on, if rdb is a Cluster.
@@ -82,10 +89,42 @@ func (p *peers) watch(rdb redis.UniversalClient) {
 	})
 }
 
+// client returns the client of the node at addr, making one if go-redis
+// has none (nil once closed, or before go-redis made any node client to
+// copy the options of).
 func (p *peers) client(addr string) *redis.Client {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.byAddr[addr]
+	if c := p.byAddr[addr]; c != nil {
+		return c
+	}
+	if c := p.own[addr]; c != nil || p.closed {
+		return c
+	}
+	for _, like := range p.byAddr {
+		o := *like.Options()
+		o.Addr = addr
+		// As the invalidator's connections (invalidation.go): no
+		// maintenance notifications, which would start a goroutine.
+		o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+		c := redis.NewClient(&o)
+		if p.own == nil {
+			p.own = map[string]*redis.Client{}
+		}
+		p.own[addr] = c
+		return c
+	}
+	return nil
+}
+
+// close closes the clients peers made.
+func (p *peers) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.own {
+		c.Close()
+	}
 }
 
 // others returns up to n node clients, not at addr: first the client's
@@ -230,7 +269,7 @@ func (c *Cache[T]) owedOnNode(ctx context.Context, n *redis.Client, master strin
 	for addr, idx := range moved {
 		t := c.peers.client(addr)
 		if t == nil {
-			continue // a node go-redis has not met: its reload will
+			continue // closed
 		}
 		for j, cmd := range send(t, idx) {
 			if cmd.Err() == nil {

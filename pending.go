@@ -402,6 +402,7 @@ func (c *Cache[T]) closeOwed() error {
 			}
 			t.Stop()
 		}
+		c.peers.close()
 		n := o.count()
 		if n == 0 {
 			return

@@ -77,8 +77,42 @@ func (c *Cluster) replicate() error {
 }
 
 // replicasHealth returns nil if every replica reports a live link to its
-// master as started (nil for a cluster without replicas).
+// master as started, and every node knows it as that master's replica (a
+// client that loads its slot map from a node that does not yet would not
+// know the replica). It is nil for a cluster without replicas.
 func (c *Cluster) replicasHealth() error {
+	if len(c.replicas) == 0 {
+		return nil
+	}
+	ids := make([]string, len(c.nodes))
+	for i, m := range c.nodes {
+		id, err := m.admin.doString(adminTimeout, "CLUSTER", "MYID")
+		if err != nil {
+			return fmt.Errorf("CLUSTER MYID on %s: %w", m.addr, err)
+		}
+		ids[i] = id
+	}
+	for _, s := range c.all() {
+		nodes, err := s.admin.doString(adminTimeout, "CLUSTER", "NODES")
+		if err != nil {
+			return fmt.Errorf("CLUSTER NODES on %s: %w", s.addr, err)
+		}
+		masterOf := map[string]string{} // replica address: its master's id, as s sees it
+		for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 8 && slices.Contains(strings.Split(f[2], ","), "slave") {
+				addr, _, _ := strings.Cut(f[1], "@")
+				masterOf[addr] = f[3]
+			}
+		}
+		for i, rs := range c.replicas {
+			for _, r := range rs {
+				if masterOf[r.addr] != ids[i] {
+					return fmt.Errorf("%s does not see %s as a replica of %s yet", s.addr, r.addr, c.nodes[i].addr)
+				}
+			}
+		}
+	}
 	for i, rs := range c.replicas {
 		for _, r := range rs {
 			info, err := r.admin.doString(adminTimeout, "INFO", "replication")
