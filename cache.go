@@ -93,8 +93,9 @@ type Cache[T any] struct {
 	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
 	loads   registry[T]                 // loads, shared by the reads that found the same state
 
-	life life
-	owed owed // invalidations that failed on a Redis failure, retried (pending.go)
+	life  life
+	owed  owed  // invalidations that failed on a Redis failure, retried (pending.go)
+	peers peers // a Cluster's node clients, for retries that follow a failover (failover.go)
 
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
@@ -234,6 +235,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		}
 		c.prefixes = append(c.prefixes, p)
 	}
+	c.peers.watch(rdb) // before the near cache's invalidator meets the nodes
 	if err := c.startNear(rdb, cfg); err != nil {
 		return nil, err
 	}

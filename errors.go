@@ -61,9 +61,11 @@ var (
 	//
 	// WARNING: the guarantee is this process's. Another process may read
 	// the value the failed write meant to replace in the moment Redis
-	// answers again, before the invalidation lands (about 100 ms); and a
-	// process that exits with invalidations pending loses them: Close
-	// tries them once more and reports those it could not apply.
+	// answers again, before the invalidation lands (about 100 ms): on a
+	// Cluster whose master hangs, that moment is the promotion of its
+	// replica, which the retries try alongside the master. A process that
+	// exits with invalidations pending loses them: Close tries them once
+	// more and reports those it could not apply.
 	ErrPending = errors.New("packcache: invalidation pending")
 
 	// ErrClosed is returned by every call made after Close. It matches

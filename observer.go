@@ -141,8 +141,13 @@ func (c *Cache[T]) observeLoad(p *policy[T], keys int, start time.Time, err erro
 
 // redisFailed counts a failed Redis operation on key's prefix and tells the
 // observer, with the node's address.
+//
+// On a Cluster it also asks go-redis to reload its map of the slots: a
+// node that times out may have been replaced by its replica, which the
+// map names only once reloaded (failover.go).
 func (c *Cache[T]) redisFailed(p *policy[T], b *breaker, err error) {
 	p.stats.redisErrors.Add(1)
+	c.peers.stale()
 	if c.obs != nil {
 		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.addr, Err: err})
 	}

@@ -39,11 +39,15 @@ import (
 //   - The owed keys are bounded by maxOwedBytes (key bytes plus
 //     owedOverhead each, about 130 bytes for a 16-byte key); past the
 //     bound a failed write is not kept, and its error says so.
+//   - On a Cluster, each round also sends the DELs to a few other nodes
+//     and follows their MOVED replies (failover.go): when a hung master's
+//     replica is promoted, the DEL is sent to it about failoverProbe
+//     (50 ms) later and runs there, whatever the client's map still says.
 //
 // Limits: another process may read the old value from Redis between the
-// moment Redis answers again and the moment the DEL lands (about
-// settleAfter); and invalidations owed by a process that dies are lost
-// with it.
+// moment Redis answers again (a resumed server, or a promoted replica)
+// and the moment the DEL runs there (about settleAfter); and
+// invalidations owed by a process that dies are lost with it.
 type owed struct {
 	n     atomic.Int64 // len(keys), read without the lock on every Get
 	mu    sync.Mutex
@@ -302,9 +306,29 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 		return 0, settleAfter
 	}
 	sent := time.Now()
-	errs := c.roundTripMany(ctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	// On a Cluster, other nodes are tried alongside (failover.go): a
+	// promoted replica runs the DEL while the client's map still names a
+	// hung master. Once every key ran elsewhere, the master's call is
+	// given up (its context's end is not a failure of Redis's).
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var ran []bool
+	var elsewhere bool
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	if c.peers.cluster != nil {
+		wg.Go(func() { ran, elsewhere = c.retryElsewhere(ctx, keys, keeps, done, cancel) })
+	}
+	errs := c.roundTripMany(mctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, owedScript, sha, keys[i], keeps[i])
 	})
+	close(done)
+	wg.Wait()
+	for i, r := range ran {
+		if r {
+			errs[i] = nil
+		}
+	}
 	answered := time.Now()
 	settling := 0
 	o.mu.Lock()
@@ -327,6 +351,8 @@ func (c *Cache[T]) retryRound(ctx context.Context) (landed int, next time.Durati
 	}
 	o.mu.Unlock()
 	switch {
+	case landed+settling == 0 && elsewhere:
+		next = failoverProbe // no master answered: a replica may be promoted any moment
 	case landed+settling == 0:
 		next = owedBackoff // Redis did not answer
 	case len(keys) == owedRound || settling == 0:
@@ -376,6 +402,7 @@ func (c *Cache[T]) closeOwed() error {
 			}
 			t.Stop()
 		}
+		c.peers.close()
 		n := o.count()
 		if n == 0 {
 			return

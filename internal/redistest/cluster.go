@@ -17,13 +17,25 @@ import (
 
 const clusterSlots = 16384
 
-// Cluster is a local Redis Cluster made of its own redis-server processes,
-// one master per node and no replicas, started by StartCluster.
+// Cluster is a local Redis Cluster made of its own redis-server processes:
+// masters only, started by StartCluster, or masters each with replicas,
+// started by StartClusterWithReplicas.
 type Cluster struct {
-	nodes []*Server
+	nodes []*Server // the masters as started, in slot order
 	// first[i] is the first slot served by nodes[i]; nodes[i] serves
 	// first[i] through first[i+1]-1 (the last node up to slot 16383).
 	first []int
+	// replicas[i] are the replicas nodes[i] was started with.
+	replicas [][]*Server
+}
+
+// all returns every node: the masters, then the replicas.
+func (c *Cluster) all() []*Server {
+	all := slices.Clone(c.nodes)
+	for _, rs := range c.replicas {
+		all = append(all, rs...)
+	}
+	return all
 }
 
 // StartCluster starts a Redis Cluster of masters (at least 3) redis-server
@@ -53,7 +65,7 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 		for i := range dirs {
 			dirs[i] = tb.TempDir()
 		}
-		c, err = startCluster(bin, dirs, false)
+		c, err = startCluster(bin, dirs, 0, false)
 	}
 	if err != nil {
 		tb.Fatalf("redistest: StartCluster(%d): %v", masters, err)
@@ -66,22 +78,22 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 	return c
 }
 
-// startCluster starts len(dirs) nodes in parallel and forms the cluster.
-// On error every started node has been stopped.
-func startCluster(bin string, dirs []string, ownDirs bool) (_ *Cluster, err error) {
-	n := len(dirs)
-	c := &Cluster{nodes: make([]*Server, n), first: make([]int, n)}
-	errs := make([]error, n)
+// startCluster starts len(dirs) nodes in parallel and forms the cluster:
+// len(dirs)/(1+replicas) masters, each followed in dirs by the directories
+// of its replicas. On error every started node has been stopped.
+func startCluster(bin string, dirs []string, replicas int, ownDirs bool) (_ *Cluster, err error) {
+	started := make([]*Server, len(dirs))
+	errs := make([]error, len(dirs))
 	var wg sync.WaitGroup
 	for i := range dirs {
 		wg.Go(func() {
-			c.nodes[i], errs[i] = startServer(serverConfig{bin: bin, dir: dirs[i], ownDir: ownDirs, cluster: true})
+			started[i], errs[i] = startServer(serverConfig{bin: bin, dir: dirs[i], ownDir: ownDirs, cluster: true})
 		})
 	}
 	wg.Wait()
 	defer func() {
 		if err != nil {
-			for _, s := range c.nodes {
+			for _, s := range started {
 				if s != nil {
 					_ = s.close()
 				}
@@ -91,9 +103,20 @@ func startCluster(bin string, dirs []string, ownDirs bool) (_ *Cluster, err erro
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	n := len(dirs) / (1 + replicas)
+	c := &Cluster{nodes: make([]*Server, n), first: make([]int, n)}
+	for i := range n {
+		group := started[i*(1+replicas) : (i+1)*(1+replicas)]
+		c.nodes[i] = group[0]
+		if replicas > 0 {
+			c.replicas = append(c.replicas, group[1:])
+		}
+	}
+	for _, s := range started {
+		s.cluster = c
+	}
 
 	for i, s := range c.nodes {
-		s.cluster = c
 		c.first[i] = i * clusterSlots / n
 		last := (i+1)*clusterSlots/n - 1
 		// Distinct config epochs, as redis-cli --cluster create does, so
@@ -105,9 +128,14 @@ func startCluster(bin string, dirs []string, ownDirs bool) (_ *Cluster, err erro
 			return nil, fmt.Errorf("CLUSTER ADDSLOTSRANGE %d %d on %s: %w", c.first[i], last, s.addr, err)
 		}
 	}
-	for _, s := range c.nodes[1:] {
+	for _, s := range started[1:] {
 		if _, err := c.nodes[0].admin.do(adminTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.port)); err != nil {
 			return nil, fmt.Errorf("CLUSTER MEET %s from %s: %w", s.addr, c.nodes[0].addr, err)
+		}
+	}
+	if replicas > 0 {
+		if err := c.replicate(); err != nil {
+			return nil, err
 		}
 	}
 	if err := c.waitHealthy(clusterTimeout); err != nil {
@@ -120,7 +148,8 @@ func startCluster(bin string, dirs []string, ownDirs bool) (_ *Cluster, err erro
 // served and all nodes have the same view of node addresses and slots.
 func (c *Cluster) health() error {
 	var ref string
-	for i, s := range c.nodes {
+	all := c.all()
+	for i, s := range all {
 		ci, err := s.admin.doString(adminTimeout, "CLUSTER", "INFO")
 		if err != nil {
 			return fmt.Errorf("CLUSTER INFO on %s: %w", s.addr, err)
@@ -130,7 +159,7 @@ func (c *Cluster) health() error {
 			"cluster_state":          "ok",
 			"cluster_slots_assigned": strconv.Itoa(clusterSlots),
 			"cluster_slots_ok":       strconv.Itoa(clusterSlots),
-			"cluster_known_nodes":    strconv.Itoa(len(c.nodes)),
+			"cluster_known_nodes":    strconv.Itoa(len(all)),
 		} {
 			if info[k] != want {
 				return fmt.Errorf("node %s reports %s:%s (want %s)", s.addr, k, info[k], want)
@@ -147,7 +176,7 @@ func (c *Cluster) health() error {
 			return fmt.Errorf("nodes disagree on the slot map:\n%s sees:\n%s\n%s sees:\n%s", c.nodes[0].addr, ref, s.addr, view)
 		}
 	}
-	return nil
+	return c.replicasHealth()
 }
 
 // canonicalNodes reduces CLUSTER NODES output to "id addr slots..." lines,
@@ -183,26 +212,29 @@ func (c *Cluster) waitHealthy(timeout time.Duration) error {
 
 func (c *Cluster) close() error {
 	var errs []error
-	for _, s := range c.nodes {
+	for _, s := range c.all() {
 		errs = append(errs, s.close())
 	}
 	return errors.Join(errs...)
 }
 
-// Addrs returns the "127.0.0.1:port" addresses of all nodes.
+// Addrs returns the "127.0.0.1:port" addresses of all nodes: the masters
+// as started, in slot order, then their replicas.
 func (c *Cluster) Addrs() []string {
-	a := make([]string, len(c.nodes))
-	for i, s := range c.nodes {
+	all := c.all()
+	a := make([]string, len(all))
+	for i, s := range all {
 		a[i] = s.addr
 	}
 	return a
 }
 
-// Nodes returns each master as a Server, in slot order: Stop, Restart,
-// Pause, CommandCount and so on work per node.
+// Nodes returns each master as started as a Server, in slot order: Stop,
+// Restart, Pause, CommandCount and so on work per node. (After a failover
+// the master of a slot range may be one of Replicas.)
 func (c *Cluster) Nodes() []*Server { return slices.Clone(c.nodes) }
 
-// NodeForKey returns the node that serves key's hash slot.
+// NodeForKey returns the master, as started, that serves key's hash slot.
 func (c *Cluster) NodeForKey(tb testing.TB, key string) *Server {
 	tb.Helper()
 	slot, err := c.keySlot(key)
@@ -271,7 +303,8 @@ func (c *Cluster) WaitHealthy(tb testing.TB) {
 	}
 }
 
-// CommandCount returns the sum over all nodes of Server.CommandCount.
+// CommandCount returns the sum over the masters as started of
+// Server.CommandCount.
 func (c *Cluster) CommandCount(tb testing.TB, cmd string) int64 {
 	tb.Helper()
 	n, err := c.commandCount(cmd)
@@ -293,7 +326,7 @@ func (c *Cluster) commandCount(cmd string) (int64, error) {
 	return sum, nil
 }
 
-// ResetStats runs CONFIG RESETSTAT on every node.
+// ResetStats runs CONFIG RESETSTAT on every master as started.
 func (c *Cluster) ResetStats(tb testing.TB) {
 	tb.Helper()
 	if err := c.resetStats(); err != nil {
@@ -310,7 +343,8 @@ func (c *Cluster) resetStats() error {
 	return nil
 }
 
-// FlushAll deletes every key on every node.
+// FlushAll deletes every key on every master as started (their replicas
+// follow).
 func (c *Cluster) FlushAll(tb testing.TB) {
 	tb.Helper()
 	if err := c.flushAll(); err != nil {
@@ -414,7 +448,7 @@ func startSpare(bin string) *spare {
 			}
 			dirs[i] = d
 		}
-		if sp.c, sp.err = startCluster(bin, dirs, true); sp.err != nil {
+		if sp.c, sp.err = startCluster(bin, dirs, 0, true); sp.err != nil {
 			for _, d := range dirs {
 				_ = os.RemoveAll(d)
 			}

@@ -559,3 +559,48 @@ func runTB(t *testing.T, f func(tb testing.TB)) *recTB {
 	defer r.mu.Unlock()
 	return r
 }
+
+// TestClusterWithReplicas: every master has its replica in sync; a paused
+// master's replica is promoted while it stays paused, and holds the keys
+// written before the pause; the cleanup resumes and stops every node.
+func TestClusterWithReplicas(t *testing.T) {
+	t.Parallel() // after the tests that count processes or stop the shared sets
+	start := time.Now()
+	c := StartClusterWithReplicas(t, 3, 1)
+	t.Logf("StartClusterWithReplicas(3, 1) took %v", time.Since(start))
+	if len(c.Nodes()) != 3 || len(c.Addrs()) != 6 {
+		t.Fatalf("Nodes/Addrs = %d/%d, want 3/6", len(c.Nodes()), len(c.Addrs()))
+	}
+	ctx := ctxT(t, 60*time.Second)
+	cc := c.Client(t)
+	if err := cc.Set(ctx, "key:7", "7", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m := c.NodeForKey(t, "key:7")
+	rs := c.Replicas(m)
+	if len(rs) != 1 {
+		t.Fatalf("Replicas = %d, want 1", len(rs))
+	}
+	r := rs[0]
+	rc := r.Client(t)
+	// The SET reached the replica (WAIT: once it acknowledged it).
+	if n, err := m.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	}
+	if role, err := rc.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "slave" {
+		t.Fatalf("ROLE on the replica = %v, %v", role, err)
+	}
+	m.Pause(t)
+	paused := time.Now()
+	promoted := c.WaitPromoted(t, r, 30*time.Second)
+	t.Logf("replica promoted %v after its master was paused", promoted.Sub(paused))
+	if !m.isPaused() {
+		t.Fatal("the master is no longer paused")
+	}
+	if role, err := rc.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
+		t.Fatalf("ROLE on the promoted replica = %v, %v", role, err)
+	}
+	if v, err := rc.Get(ctx, "key:7").Result(); err != nil || v != "7" {
+		t.Fatalf("GET key:7 on the promoted replica = %q, %v", v, err)
+	}
+}

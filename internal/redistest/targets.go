@@ -239,7 +239,7 @@ func startSet(tb testing.TB) (_ *set, err error) {
 		}
 	})
 	wg.Go(func() {
-		st.cluster, errCluster = startCluster(bin, dirs[1:], true)
+		st.cluster, errCluster = startCluster(bin, dirs[1:], 0, true)
 		if errCluster != nil {
 			for _, d := range dirs[1:] {
 				_ = os.RemoveAll(d)

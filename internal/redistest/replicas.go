@@ -1,0 +1,175 @@
+package redistest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// StartClusterWithReplicas is StartCluster for a cluster whose masters (at
+// least 3) have replicas each (at least 1): masters*(1+replicas)
+// redis-server processes. Every node has a 1 s cluster-node-timeout, so a
+// replica is promoted a few seconds after its master stops answering (see
+// WaitPromoted). It returns once, besides what StartCluster waits for,
+// every replica is in sync with its master. It registers a cleanup with tb
+// that stops every node (resuming any paused one first). A cluster with
+// replicas is never a spare: each is started for its test.
+func StartClusterWithReplicas(tb testing.TB, masters, replicas int) *Cluster {
+	tb.Helper()
+	if masters < 3 || replicas < 1 {
+		tb.Fatalf("redistest: StartClusterWithReplicas needs at least 3 masters and 1 replica each, got %d and %d", masters, replicas)
+	}
+	bin := findServer()
+	if bin == "" {
+		if requireReal() {
+			tb.Fatalf("redistest: StartClusterWithReplicas: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+		}
+		tb.Skipf("redistest: skipping: StartClusterWithReplicas needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
+	}
+	dirs := make([]string, masters*(1+replicas))
+	for i := range dirs {
+		dirs[i] = tb.TempDir()
+	}
+	c, err := startCluster(bin, dirs, replicas, false)
+	if err != nil {
+		tb.Fatalf("redistest: StartClusterWithReplicas(%d, %d): %v", masters, replicas, err)
+	}
+	tb.Cleanup(func() {
+		if err := c.close(); err != nil {
+			tb.Errorf("redistest: stopping cluster: %v", err)
+		}
+	})
+	return c
+}
+
+// replicate makes each replica replicate its master, once every node
+// knows every other (CLUSTER REPLICATE needs the replica to know the
+// master).
+func (c *Cluster) replicate() error {
+	all := c.all()
+	deadline := time.Now().Add(clusterTimeout)
+	for _, s := range all {
+		for {
+			ci, err := s.admin.doString(adminTimeout, "CLUSTER", "INFO")
+			if err == nil && parseInfo(ci)["cluster_known_nodes"] == fmt.Sprint(len(all)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s does not know all %d nodes after %v (%v)", s.addr, len(all), clusterTimeout, err)
+			}
+			time.Sleep(pollInterval)
+		}
+	}
+	for i, m := range c.nodes {
+		id, err := m.admin.doString(adminTimeout, "CLUSTER", "MYID")
+		if err != nil {
+			return fmt.Errorf("CLUSTER MYID on %s: %w", m.addr, err)
+		}
+		for _, r := range c.replicas[i] {
+			if _, err := r.admin.do(adminTimeout, "CLUSTER", "REPLICATE", id); err != nil {
+				return fmt.Errorf("CLUSTER REPLICATE %s on %s: %w", m.addr, r.addr, err)
+			}
+		}
+	}
+	return nil
+}
+
+// replicasHealth returns nil if every replica reports a live link to its
+// master as started, and every node knows it as that master's replica (a
+// client that loads its slot map from a node that does not yet would not
+// know the replica). It is nil for a cluster without replicas.
+func (c *Cluster) replicasHealth() error {
+	if len(c.replicas) == 0 {
+		return nil
+	}
+	ids := make([]string, len(c.nodes))
+	for i, m := range c.nodes {
+		id, err := m.admin.doString(adminTimeout, "CLUSTER", "MYID")
+		if err != nil {
+			return fmt.Errorf("CLUSTER MYID on %s: %w", m.addr, err)
+		}
+		ids[i] = id
+	}
+	for _, s := range c.all() {
+		nodes, err := s.admin.doString(adminTimeout, "CLUSTER", "NODES")
+		if err != nil {
+			return fmt.Errorf("CLUSTER NODES on %s: %w", s.addr, err)
+		}
+		masterOf := map[string]string{} // replica address: its master's id, as s sees it
+		for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 8 && slices.Contains(strings.Split(f[2], ","), "slave") {
+				addr, _, _ := strings.Cut(f[1], "@")
+				masterOf[addr] = f[3]
+			}
+		}
+		for i, rs := range c.replicas {
+			for _, r := range rs {
+				if masterOf[r.addr] != ids[i] {
+					return fmt.Errorf("%s does not see %s as a replica of %s yet", s.addr, r.addr, c.nodes[i].addr)
+				}
+			}
+		}
+	}
+	for i, rs := range c.replicas {
+		for _, r := range rs {
+			info, err := r.admin.doString(adminTimeout, "INFO", "replication")
+			if err != nil {
+				return fmt.Errorf("INFO replication on %s: %w", r.addr, err)
+			}
+			kv := parseInfo(info)
+			if kv["role"] != "slave" || kv["master_port"] != fmt.Sprint(c.nodes[i].port) || kv["master_link_status"] != "up" {
+				return fmt.Errorf("replica %s: role:%s master_port:%s master_link_status:%s (want a live link to %s)",
+					r.addr, kv["role"], kv["master_port"], kv["master_link_status"], c.nodes[i].addr)
+			}
+		}
+	}
+	return nil
+}
+
+// Replicas returns the replicas master was started with (none for a
+// cluster started by StartCluster, or for a Server not among Nodes).
+func (c *Cluster) Replicas(master *Server) []*Server {
+	if i := slices.Index(c.nodes, master); i >= 0 && i < len(c.replicas) {
+		return slices.Clone(c.replicas[i])
+	}
+	return nil
+}
+
+// WaitPromoted polls replica (CLUSTER NODES, every 20 ms) until it reports
+// itself a master serving slots, as it does once a failover has promoted
+// it, and returns when it first saw that. It fails the test if that does
+// not happen within timeout. It asks only replica, so a paused master does
+// not hold it up.
+func (c *Cluster) WaitPromoted(tb testing.TB, replica *Server, timeout time.Duration) time.Time {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		nodes, err := replica.admin.doString(adminTimeout, "CLUSTER", "NODES")
+		if err == nil && servesSlots(nodes) {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: %s not promoted within %v (last CLUSTER NODES: %v)\n%s", replica.addr, timeout, err, nodes)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// servesSlots reports whether the "myself" line of CLUSTER NODES output
+// is a master with at least one slot.
+func servesSlots(nodes string) bool {
+	for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		flags := strings.Split(f[2], ",")
+		if slices.Contains(flags, "myself") {
+			return slices.Contains(flags, "master") && len(f) > 8
+		}
+	}
+	return false
+}
