@@ -14,3 +14,12 @@ func HoldGates[T any](c *Cache[T]) (release func()) {
 	c.inv.gmu.Lock()
 	return c.inv.gmu.Unlock
 }
+
+// LoadsUnderWay is the number of c's loads and refreshes under way (by
+// key and the state each began from), for tests that must know a load
+// has ended, not only that its value is stored.
+func LoadsUnderWay[T any](c *Cache[T]) int {
+	c.loads.mu.Lock()
+	defer c.loads.mu.Unlock()
+	return len(c.loads.byToken)
+}
