@@ -333,7 +333,11 @@ func TestEarlyRefreshOnce(t *testing.T) {
 	ctx := ctxT(t)
 	var calls atomic.Int64
 	release := make(chan struct{})
-	c := mustNew[Channel](t, rdb, packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: time.Second}),
+	// RefreshAfter is long, so that the refreshed value cannot come due
+	// itself however slowly the test runs, and each Get reads Redis (no
+	// share window), so that each read of the surge asks for a refresh.
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(time.Hour), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 30 * time.Minute}),
+		packcache.WithShareWindow(packcache.Off),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			n := calls.Add(1)
 			if n > 1 {
@@ -344,14 +348,14 @@ func TestEarlyRefreshOnce(t *testing.T) {
 	if v, _ := c.Get(ctx, "k"); v.ID != "1" {
 		t.Fatalf("first Get = %q", v.ID)
 	}
-	rdb.PExpire(ctx, "k", 8500*time.Millisecond) // now 1.5 s old
+	rdb.PExpire(ctx, "k", 29*time.Minute) // now 31 minutes old
 	surge(200, func(int) {
 		if v, err := c.Get(ctx, "k"); err != nil || v.ID != "1" {
 			t.Errorf("during refresh Get = %q, %v, want the cached value", v.ID, err)
 		}
 	})
 	close(release)
-	waitFor(t, 5*time.Second, "the refreshed value", func() bool {
+	waitFor(t, 30*time.Second, "the refreshed value", func() bool {
 		v, _ := c.Get(ctx, "k")
 		return v.ID == "2"
 	})
