@@ -25,3 +25,12 @@ func SlotWaiters[T any](c *Cache[T]) int64 {
 	})
 	return n
 }
+
+// LoadsUnderWay is the number of c's loads and refreshes under way (by
+// key and the state each began from), for tests that must know a load
+// has ended, not only that its value is stored.
+func LoadsUnderWay[T any](c *Cache[T]) int {
+	c.loads.mu.Lock()
+	defer c.loads.mu.Unlock()
+	return len(c.loads.byToken)
+}

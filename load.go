@@ -44,9 +44,10 @@ import (
 //     breaker is open (unless WithStrictRedis), reporting the Redis error,
 //     and stores nothing;
 //   - with RefreshAfter, reloads in the background a value that is older,
-//     once per key per process at a time, while callers get the cached
-//     one; the reload stores its value only if the key still holds the
-//     value it began from;
+//     once per key per process at a time, and not again from a value its
+//     reload has replaced, while callers get the cached one; the reload
+//     stores its value only if the key still holds the value it began
+//     from;
 //   - with StaleFor, reloads a value past its TTL and returns it if the
 //     reload fails.
 //
@@ -208,11 +209,12 @@ func (c *Cache[T]) awaitLoad(ctx context.Context, key string, p *policy[T], j ju
 }
 
 // refresh starts a background reload of a value due for refresh, unless
-// one from the same value is under way in this process.
+// one from the same value is under way in this process or has lately
+// stored over it (see registry.claimRefresh).
 func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], fn loadFunc[T], j judgement[T]) {
 	token := "sha1:" + j.digest
-	cl, joined := c.loads.claim(key, token, false, true)
-	if joined {
+	cl := c.loads.claimRefresh(key, token)
+	if cl == nil {
 		return
 	}
 	p.stats.refreshes.Add(1)
@@ -260,6 +262,11 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 		}
 		if j.refresh && j.err != nil && !errors.Is(j.err, ErrNotFound) {
 			c.report(lctx, j.key, j.err)
+		}
+		if j.refresh && j.stored {
+			// Before finish, so that no refresh from the value it replaced
+			// can start in between.
+			c.loads.storedOver(j.key, j.token, time.Now().Add(j.p.refreshAfter).UnixNano())
 		}
 		// This load's own keys are done: finish them before waiting for
 		// the loads of this process that hold some of its keys, which may
@@ -672,6 +679,18 @@ type registry[T any] struct {
 	// (unprovenToken) is shared only within it, as a read is, since
 	// nothing proves the key unwritten since.
 	window int64
+	// replaced holds, for the keys a refresh stored over lately, the
+	// token of the value it replaced (see claimRefresh); it is swept of
+	// marks past their time when it reaches sweepAt entries.
+	replaced map[string]replacedMark
+	sweepAt  int
+}
+
+// A replacedMark is the value a refresh of a key stored over, until when
+// it is remembered (unix nanoseconds).
+type replacedMark struct {
+	token string
+	until int64
 }
 
 type tokenKey struct{ key, token string }
@@ -709,6 +728,11 @@ func (g *registry[T]) claim(key, token string, leaderWaits, share bool) (*call[r
 	now := time.Now().UnixNano()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.claimLocked(key, token, leaderWaits, share, now)
+}
+
+// claimLocked is claim with g.mu held.
+func (g *registry[T]) claimLocked(key, token string, leaderWaits, share bool, now int64) (*call[result[T]], bool) {
 	c, ok := g.byToken[tokenKey{key, token}]
 	ok = ok && share && !c.finished && !c.detached.Load()
 	if ok && token == unprovenToken {
@@ -742,6 +766,55 @@ func (g *registry[T]) claim(key, token string, leaderWaits, share bool) (*call[r
 		c.done = make(chan struct{})
 	}
 	return c, ok
+}
+
+// claimRefresh registers a refresh of key from the value token names and
+// returns it; or nil, if one from that value is under way, or if a
+// refresh of this process stored over that value less than RefreshAfter
+// ago. A read that found the value before that store can ask for its
+// refresh after the refresh ended (its goroutine waiting for a CPU in
+// between, on a busy machine): it would start a load of a value Redis
+// no longer holds, whose store the digest guard then refuses. A value
+// written again with the same bytes has a new TTL, and is not due for
+// refresh before the mark ends.
+func (g *registry[T]) claimRefresh(key, token string) *call[result[T]] {
+	now := time.Now().UnixNano()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m, ok := g.replaced[key]; ok {
+		if now < m.until && m.token == token {
+			return nil
+		}
+		if now >= m.until {
+			delete(g.replaced, key)
+		}
+	}
+	if cl, joined := g.claimLocked(key, token, false, true, now); !joined {
+		return cl
+	}
+	return nil
+}
+
+// storedOver notes that a refresh of key stored over the value token
+// names, until until (see claimRefresh). The marks are swept when their
+// number doubles, so they hold at most about twice the keys refreshed in
+// the last RefreshAfter.
+func (g *registry[T]) storedOver(key, token string, until int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.replaced) >= g.sweepAt {
+		now := time.Now().UnixNano()
+		for k, m := range g.replaced {
+			if now >= m.until {
+				delete(g.replaced, k)
+			}
+		}
+		g.sweepAt = max(2*len(g.replaced), 64)
+	}
+	if g.replaced == nil {
+		g.replaced = make(map[string]replacedMark)
+	}
+	g.replaced[key] = replacedMark{token, until}
 }
 
 // finish publishes c's result, unless c has finished already (a load

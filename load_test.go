@@ -276,7 +276,11 @@ func TestNegativeCaching(t *testing.T) {
 		}
 		ctx := ctxT(t)
 		var calls atomic.Int64
-		c := mustNew[Channel](t, tg.Client, packcache.WithPrefix("", packcache.Policy{NegativeTTL: 300 * time.Millisecond}), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+		// A minute's NegativeTTL, so that the five Gets are within it however
+		// slowly the machine runs them; the tombstone's expiry is then
+		// brought forward with PEXPIRE, instead of slept past (and with no
+		// share window, the Get after it reads Redis afresh).
+		c := mustNew[Channel](t, tg.Client, packcache.WithShareWindow(packcache.Off), packcache.WithPrefix("", packcache.Policy{NegativeTTL: time.Minute}), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			calls.Add(1)
 			return Channel{}, packcache.ErrNotFound
 		})))
@@ -296,7 +300,12 @@ func TestNegativeCaching(t *testing.T) {
 		if _, err := plain.Get(ctx, "gone"); !errors.Is(err, packcache.ErrNotFound) {
 			t.Fatalf("plain Get of a tombstone: %v", err)
 		}
-		time.Sleep(400 * time.Millisecond)
+		if err := tg.Client.PExpire(ctx, "gone", time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "the tombstone expiring", func() bool {
+			return tg.Client.Exists(ctx, "gone").Val() == 0
+		})
 		c.Get(ctx, "gone")
 		if calls.Load() != 2 {
 			t.Fatalf("after expiry loader called %d times, want 2", calls.Load())
@@ -333,7 +342,11 @@ func TestEarlyRefreshOnce(t *testing.T) {
 	ctx := ctxT(t)
 	var calls atomic.Int64
 	release := make(chan struct{})
-	c := mustNew[Channel](t, rdb, packcache.WithTTL(10*time.Second), packcache.WithPrefix("", packcache.Policy{RefreshAfter: time.Second}),
+	// RefreshAfter is long, so that the refreshed value cannot come due
+	// itself however slowly the test runs, and each Get reads Redis (no
+	// share window), so that each read of the surge asks for a refresh.
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(time.Hour), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 30 * time.Minute}),
+		packcache.WithShareWindow(packcache.Off),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			n := calls.Add(1)
 			if n > 1 {
@@ -344,14 +357,14 @@ func TestEarlyRefreshOnce(t *testing.T) {
 	if v, _ := c.Get(ctx, "k"); v.ID != "1" {
 		t.Fatalf("first Get = %q", v.ID)
 	}
-	rdb.PExpire(ctx, "k", 8500*time.Millisecond) // now 1.5 s old
+	rdb.PExpire(ctx, "k", 29*time.Minute) // now 31 minutes old
 	surge(200, func(int) {
 		if v, err := c.Get(ctx, "k"); err != nil || v.ID != "1" {
 			t.Errorf("during refresh Get = %q, %v, want the cached value", v.ID, err)
 		}
 	})
 	close(release)
-	waitFor(t, 5*time.Second, "the refreshed value", func() bool {
+	waitFor(t, 30*time.Second, "the refreshed value", func() bool {
 		v, _ := c.Get(ctx, "k")
 		return v.ID == "2"
 	})
@@ -360,6 +373,82 @@ func TestEarlyRefreshOnce(t *testing.T) {
 	}
 	if r := c.Stats().Refreshes; r != 1 {
 		t.Fatalf("Refreshes = %d, want 1", r)
+	}
+}
+
+// holdDecode is an Observer that, once armed, stops the next goroutine
+// that decodes a value from Redis, after its read and before the cache
+// acts on what it read, until unhold is closed.
+type holdDecode struct {
+	armed  atomic.Bool
+	held   chan struct{} // closed when a goroutine is stopped
+	unhold chan struct{}
+}
+
+func (h *holdDecode) ObserveRead(packcache.ReadEvent)   {}
+func (h *holdDecode) ObserveLoad(packcache.LoadEvent)   {}
+func (h *holdDecode) ObserveRedis(packcache.RedisEvent) {}
+func (h *holdDecode) ObserveCodec(e packcache.CodecEvent) {
+	if e.Decode && h.armed.CompareAndSwap(true, false) {
+		close(h.held)
+		<-h.unhold
+	}
+}
+
+// TestRefreshNotAgainFromReplacedValue: a Get that read a value due for
+// refresh before this process's refresh of it stored, and asks for the
+// refresh only after that refresh ended (its goroutine waiting for a CPU in
+// between, as on a busy machine), starts no second refresh: the value it
+// would reload from is gone, and the load would be wasted (the guarded
+// store refuses it). This is how TestEarlyRefreshOnce once saw 3 loads.
+func TestRefreshNotAgainFromReplacedValue(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var calls atomic.Int64
+	entered, release := make(chan struct{}), make(chan struct{})
+	hold := &holdDecode{held: make(chan struct{}), unhold: make(chan struct{})}
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(time.Hour), packcache.WithPrefix("", packcache.Policy{RefreshAfter: 30 * time.Minute}),
+		packcache.WithShareWindow(packcache.Off), // each Get reads Redis afresh
+		packcache.WithObserver(hold),
+		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			n := calls.Add(1)
+			if n == 2 {
+				close(entered)
+				<-release
+			}
+			return Channel{ID: fmt.Sprint(n)}, nil
+		})))
+	if v, _ := c.Get(ctx, "k"); v.ID != "1" {
+		t.Fatalf("first Get = %q", v.ID)
+	}
+	rdb.PExpire(ctx, "k", 29*time.Minute) // now 31 minutes old: due for refresh
+	if v, _ := c.Get(ctx, "k"); v.ID != "1" {
+		t.Fatalf("Get due for refresh = %q, want the cached value", v.ID)
+	}
+	<-entered // the refresh is loading
+	hold.armed.Store(true)
+	late := make(chan Channel)
+	go func() {
+		v, _ := c.Get(ctx, "k") // reads "1", then waits in the observer
+		late <- v
+	}()
+	<-hold.held
+	close(release)
+	waitFor(t, 30*time.Second, "the refresh to end", func() bool { return packcache.LoadsUnderWay(c) == 0 })
+	if v, _ := c.Get(ctx, "k"); v.ID != "2" {
+		t.Fatalf("Get after the refresh = %q, want 2", v.ID)
+	}
+	close(hold.unhold)
+	if v := <-late; v.ID != "1" {
+		t.Fatalf("the late Get = %q, want the value it read, 1", v.ID)
+	}
+	c.Close() // waits for any refresh the late Get started
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("loader called %d times, want 2: a refresh started from the value the first refresh replaced", n)
+	}
+	if st := c.Stats(); st.Refreshes != 1 || st.Superseded != 0 {
+		t.Fatalf("Refreshes = %d, Superseded = %d, want 1 and 0", st.Refreshes, st.Superseded)
 	}
 }
 

@@ -17,6 +17,19 @@ import (
 
 const clusterSlots = 16384
 
+// failoverNodeTimeout is the cluster node timeout of StartCluster's
+// clusters, whose tests stop a master and wait for its peers to mark it
+// failed: short, so that they need not wait long.
+const failoverNodeTimeout = time.Second
+
+// sharedNodeTimeout is the cluster node timeout of the shared cluster of
+// Targets, which no test means to fail: Redis's default. With a second, a
+// node that could not answer its peers' pings for a second, as on a busy
+// machine (its CPU taken by other processes while it works through a
+// large pipeline), was marked failed, and every test on the cluster got
+// CLUSTERDOWN until it answered again.
+const sharedNodeTimeout = 15 * time.Second
+
 // Cluster is a local Redis Cluster made of its own redis-server processes:
 // masters only, started by StartCluster, or masters each with replicas,
 // started by StartClusterWithReplicas.
@@ -65,7 +78,7 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 		for i := range dirs {
 			dirs[i] = tb.TempDir()
 		}
-		c, err = startCluster(bin, dirs, 0, false)
+		c, err = startCluster(bin, dirs, 0, false, failoverNodeTimeout)
 	}
 	if err != nil {
 		tb.Fatalf("redistest: StartCluster(%d): %v", masters, err)
@@ -81,13 +94,13 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 // startCluster starts len(dirs) nodes in parallel and forms the cluster:
 // len(dirs)/(1+replicas) masters, each followed in dirs by the directories
 // of its replicas. On error every started node has been stopped.
-func startCluster(bin string, dirs []string, replicas int, ownDirs bool) (_ *Cluster, err error) {
+func startCluster(bin string, dirs []string, replicas int, ownDirs bool, nodeTimeout time.Duration) (_ *Cluster, err error) {
 	started := make([]*Server, len(dirs))
 	errs := make([]error, len(dirs))
 	var wg sync.WaitGroup
 	for i := range dirs {
 		wg.Go(func() {
-			started[i], errs[i] = startServer(serverConfig{bin: bin, dir: dirs[i], ownDir: ownDirs, cluster: true})
+			started[i], errs[i] = startServer(serverConfig{bin: bin, dir: dirs[i], ownDir: ownDirs, cluster: true, nodeTimeout: nodeTimeout})
 		})
 	}
 	wg.Wait()
@@ -448,7 +461,7 @@ func startSpare(bin string) *spare {
 			}
 			dirs[i] = d
 		}
-		if sp.c, sp.err = startCluster(bin, dirs, 0, true); sp.err != nil {
+		if sp.c, sp.err = startCluster(bin, dirs, 0, true, failoverNodeTimeout); sp.err != nil {
 			for _, d := range dirs {
 				_ = os.RemoveAll(d)
 			}

@@ -32,7 +32,7 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicas int) *Cluster {
 	for i := range dirs {
 		dirs[i] = tb.TempDir()
 	}
-	c, err := startCluster(bin, dirs, replicas, false)
+	c, err := startCluster(bin, dirs, replicas, false, failoverNodeTimeout)
 	if err != nil {
 		tb.Fatalf("redistest: StartClusterWithReplicas(%d, %d): %v", masters, replicas, err)
 	}

@@ -117,7 +117,9 @@ type Server struct {
 	ownDir  bool     // remove dir on close (servers not tied to a test)
 	cluster *Cluster // set for nodes of a Cluster
 	cmode   bool     // started with --cluster-enabled yes
-	args    []string // extra arguments given to Start
+	// nodeTimeout is its --cluster-node-timeout; 0 is failoverNodeTimeout.
+	nodeTimeout time.Duration
+	args        []string // extra arguments given to Start
 
 	admin adminConn
 
@@ -135,7 +137,10 @@ type serverConfig struct {
 	dir     string
 	ownDir  bool
 	cluster bool
-	args    []string
+	// nodeTimeout is a cluster node's --cluster-node-timeout; 0 is
+	// failoverNodeTimeout.
+	nodeTimeout time.Duration
+	args        []string
 }
 
 // startServer starts a redis-server on a fresh free port, retrying with a
@@ -156,7 +161,7 @@ func startServer(cfg serverConfig) (*Server, error) {
 			args:   cfg.args,
 		}
 		s.admin.addr = s.addr
-		s.cmode = cfg.cluster
+		s.cmode, s.nodeTimeout = cfg.cluster, cfg.nodeTimeout
 		s.mu.Lock()
 		err = s.startLocked()
 		s.mu.Unlock()
@@ -200,10 +205,14 @@ func (s *Server) cmdline() []string {
 		"--loglevel", "warning",
 	}
 	if s.cmode {
+		timeout := s.nodeTimeout
+		if timeout == 0 {
+			timeout = failoverNodeTimeout
+		}
 		a = append(a,
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
-			"--cluster-node-timeout", "1000",
+			"--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10),
 			"--cluster-announce-ip", "127.0.0.1",
 		)
 	}

@@ -167,7 +167,10 @@ func (*sharedState) errLocked() error {
 var clusterOmittedOnce sync.Once
 
 // Targets returns the topologies a behavioural suite should run against: a
-// single-node server ("single") and a 3-master cluster ("cluster").
+// single-node server ("single") and a 3-master cluster ("cluster"). The
+// cluster's nodes have Redis's default node timeout (15 s), so that a node
+// starved of CPU on a busy machine is not marked failed; StartCluster's
+// have 1 s, for the tests that fail a master.
 //
 // The servers are started on the first call and shared by every later call
 // in the test binary; call Shutdown from TestMain after m.Run to stop them.
@@ -239,7 +242,7 @@ func startSet(tb testing.TB) (_ *set, err error) {
 		}
 	})
 	wg.Go(func() {
-		st.cluster, errCluster = startCluster(bin, dirs[1:], 0, true)
+		st.cluster, errCluster = startCluster(bin, dirs[1:], 0, true, sharedNodeTimeout)
 		if errCluster != nil {
 			for _, d := range dirs[1:] {
 				_ = os.RemoveAll(d)
