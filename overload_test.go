@@ -443,3 +443,52 @@ func (l *captureLogger) first() []string {
 	defer l.mu.Unlock()
 	return l.lines[:min(3, len(l.lines))]
 }
+
+// TestUnavailableJoinsLoadUnderWay: with Redis unavailable (the breaker
+// open), a read-through Get that comes long after another's load began,
+// past the share window, joins that load rather than start another: one
+// load per key in this process. (That a write of this process detaches a
+// load under way from later callers is TestWriteNotUndoneByOlderLoad's subject.)
+func TestUnavailableJoinsLoadUnderWay(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "stops the server")
+	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
+	var calls atomic.Int64
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		n := calls.Add(1)
+		if key == "k" {
+			entered <- struct{}{}
+			<-release
+		}
+		return fmt.Sprintf("load %d", n), nil
+	})
+	c := mustNew[string](t, rdb, packcache.WithLoader[string](ld), packcache.WithShareWindow(time.Millisecond),
+		packcache.WithCircuitBreaker(1, time.Minute))
+	ctx := ctxT(t)
+	s.Stop(t)
+	if _, err := c.Get(ctx, "warm"); err != nil { // opens the breaker
+		t.Fatalf("Get with the server stopped: %v, want the loader's value", err)
+	}
+	calls.Store(0)
+	type got struct {
+		v   string
+		err error
+	}
+	first := make(chan got, 1)
+	go func() { v, err := c.Get(ctx, "k"); first <- got{v, err} }()
+	<-entered
+	time.Sleep(5 * time.Millisecond) // past the 1 ms share window: not a bound, a gap
+	second := make(chan got, 1)
+	go func() { v, err := c.Get(ctx, "k"); second <- got{v, err} }()
+	// The second Get joins: the loader is not entered again. It is told
+	// the load's result when released.
+	waitFor(t, 10*time.Second, "the second Get to wait", func() bool { return c.Stats().CoalescedWaits >= 1 })
+	close(release)
+	a, b := <-first, <-second
+	if a.err != nil || b.err != nil || a.v != "load 1" || b.v != "load 1" || calls.Load() != 1 {
+		t.Fatalf("two Gets with Redis unavailable: %q/%v and %q/%v, %d loader calls; want one load shared", a.v, a.err, b.v, b.err, calls.Load())
+	}
+}
