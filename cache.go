@@ -93,6 +93,7 @@ type Cache[T any] struct {
 	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
 	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
 	loads   registry[T]                 // loads, shared by the reads that found the same state
+	leases  leaseBook                   // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	life life
 	owed owed // invalidations that failed on a Redis failure, retried (pending.go)

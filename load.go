@@ -161,6 +161,8 @@ type loadJob[T any] struct {
 	load   bool             // the loader is to be called for it, storing under g
 	g      guard            // how it may store
 	seen   string           // another process's lease it found, while settling
+	own    bool             // seen is a lease of this process's whose outcome it did not learn
+	unsure string           // a lease it sent without learning whether it landed: released after the load
 	join   *call[result[T]] // another load of this process that now holds the key
 	stored bool             // its value (or tombstone) was written
 	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
@@ -174,6 +176,9 @@ type loadJob[T any] struct {
 // goroutine of its own, and waits for it under ctx.
 func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
 	if err := c.reentrant(ctx, f.key); err != nil {
+		if j.placed != "" {
+			c.releaseLeases(ctx, []string{f.key}, []string{j.placed})
+		}
 		return result[T]{}, err
 	}
 	token := loadToken(j)
@@ -272,6 +277,15 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 			c.loads.finish(j.key, j.cl, j.res, j.err)
 		}
 	}
+	// Once the callers have their values: a lease sent without learning
+	// whether it landed is released where it did, and remembered where
+	// that cannot be told, so that this process's next load of the key
+	// takes it over rather than wait it out.
+	for i := range jobs {
+		if j := &jobs[i]; j.unsure != "" {
+			c.settleUnsure(lctx, j.key, j.unsure)
+		}
+	}
 }
 
 // A loadRun is the work of one load.
@@ -304,10 +318,13 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 	if len(loading) == 0 {
 		return
 	}
+	stop := l.keep(ctx)
+	defer stop()
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := protect(ctx, fn, keys, callLoadFunc[T])
+	stop()
 	p0 := l.jobs[loading[0]].p
 	if !live() || ctx.Err() != nil {
 		// Past the load timeout (or Close): the callers have, or are
@@ -432,6 +449,31 @@ func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
 	j.res, j.err = result[T]{}, err
 }
 
+// keep keeps the leases the load holds alive while its loader runs (see
+// Cache.keep), and returns the function that stops it: a lease lives as
+// long as its load, and dies within leaseTTL of the load's end, or of its
+// context's. The keeper is not waited for: an extension that runs after
+// the store or the release finds the lease gone and does nothing.
+func (l *loadRun[T]) keep(ctx context.Context) (stop func()) {
+	var keys, leases []string
+	for i := range l.jobs {
+		if j := &l.jobs[i]; j.load && j.g.kind == guardLease {
+			keys, leases = append(keys, j.key), append(leases, j.g.value)
+		}
+	}
+	if len(keys) == 0 {
+		return func() {}
+	}
+	ch := make(chan struct{})
+	l.c.life.spawn()
+	go func() {
+		defer l.c.life.exit()
+		l.c.keepLeases(ctx, keys, leases, ch)
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(ch) }) }
+}
+
 // release releases, in one pipeline, the leases the load took and did not
 // store over, so that readers do not take the keys for a load in progress.
 func (l *loadRun[T]) release(ctx context.Context) {
@@ -461,6 +503,11 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 		case vLease:
 			reread = append(reread, i)
 		case vMiss:
+			if from.placed != "" {
+				// The read placed the lease: the load holds it.
+				l.jobs[i].g, l.jobs[i].load = guard{kind: guardLease, value: from.placed}, true
+				continue
+			}
 			missing = append(missing, i)
 		default:
 			l.decide(ctx, i, from, nil)
@@ -471,6 +518,16 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 		l.decide(ctx, i, c.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
 	}
 	l.acquire(ctx, missing, false)
+	// Leases of this process's own whose outcome it did not learn (their
+	// read or acquire timed out, and ran later): taken over at once, as no
+	// load of this process holds them any more.
+	var own []int
+	for i := range l.jobs {
+		if l.jobs[i].own {
+			own = append(own, i)
+		}
+	}
+	l.acquire(ctx, own, true)
 	var waiting []int
 	for i := range l.jobs {
 		if l.jobs[i].seen != "" {
@@ -562,6 +619,9 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 	case vUnavailable:
 		l.c.report(ctx, j.key, jd.err)
 		j.g, j.load = guard{}, true
+		if jd.unsure != "" {
+			j.unsure = jd.unsure
+		}
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
 	case vCancelled: // the load's own context ended (its timeout, or Close)
@@ -573,6 +633,10 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 			j.g, j.load = guard{}, true
 		}
 	case vLease:
+		if l.c.ownsLease(j.key, jd.lease) {
+			j.seen, j.own = jd.lease, true
+			return
+		}
 		if jd.lease != j.token {
 			// Join this process's load that holds the lease, or waits for
 			// it; or become the load that waits for it, which this
@@ -611,12 +675,19 @@ func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
 	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
 	for n, i := range idx {
 		j := &l.jobs[i]
+		j.own = false
 		switch {
 		case errs[n] == redis.Nil:
+			if over {
+				c.forgetLease(j.key, olds[n])
+			}
 			j.seen, j.g, j.load = "", guard{kind: guardLease, value: leases[n]}, true
 		case errs[n] != nil:
 			c.report(ctx, j.key, errs[n])
 			j.seen, j.g, j.load = "", guard{}, true
+			if maybeRan(errs[n]) {
+				j.unsure = leases[n]
+			}
 		default:
 			j.seen = ""
 			l.decide(ctx, i, c.judge(j.key, j.p, reply{s: held[n], left: -1}, true), nil)
@@ -689,6 +760,9 @@ const owedToken = "owed"
 func loadToken[T any](j judgement[T]) string {
 	switch j.v {
 	case vMiss:
+		if j.placed != "" {
+			return j.placed
+		}
 		return newLease()
 	case vLease:
 		return j.lease

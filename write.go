@@ -3,7 +3,6 @@ package packcache
 import (
 	"bytes"
 	"context"
-	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -334,15 +333,6 @@ const (
 	guardDigest                  // store only if the key still holds the value the load began from
 )
 
-// newLease returns a fresh lease value: the lease header byte and 16
-// random bytes.
-func newLease() string {
-	var b [17]byte
-	b[0] = codec.HeaderLease
-	crand.Read(b[1:])
-	return string(b[:])
-}
-
 // acquireScript writes the lease ARGV[1] for ARGV[2] ms where the key holds
 // nothing, or holds exactly the lease ARGV[3] being taken over, and returns
 // nil; otherwise it returns what the key holds.
@@ -377,8 +367,6 @@ return 1`)
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
-
-func (c *Cache[T]) leaseTTL() time.Duration { return c.loadTimeout + 2*c.redisTimeout }
 
 // storeArgs are the arguments of storeScript for a guarded write.
 func storeArgs(g guard, stored []byte, ttl time.Duration) []any {

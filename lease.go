@@ -1,0 +1,247 @@
+package packcache
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/codec"
+)
+
+// Leases: how long they live, how their holder keeps them alive, how a
+// read places one, and what a process remembers of the leases it may have
+// placed without knowing it. (What a lease is for, and the scripts that
+// take, store over and release it: see "Writes are never undone" in
+// write.go.)
+//
+// A lease lives for leaseTTL, three Redis budgets, from when it is placed
+// or last extended. The load that holds it extends it every budget while
+// its loader runs (keeper), so a lease lives as long as its load; a lease
+// whose holder stalled, died or gave up dies within leaseTTL.
+
+// leaseTTL is how long a lease lives unless its holder extends it: three
+// Redis budgets, so that one extension that fails or waits out its whole
+// budget still leaves the lease a budget to live before the next.
+func (c *Cache[T]) leaseTTL() time.Duration { return 3 * c.redisTimeout }
+
+// leasePrefix makes the tokens of this process's leases: 8 random bytes
+// drawn once, followed in each token by a counter, so that a read that
+// may place a lease makes its token with an atomic add, not a call to the
+// system's random source.
+var (
+	leasePrefix [8]byte
+	leaseSeq    atomic.Uint64
+)
+
+func init() { crand.Read(leasePrefix[:]) }
+
+// newLease returns a fresh lease value: the lease header byte and a
+// 16-byte token unique to this process (its random prefix and a counter).
+func newLease() string {
+	var b [17]byte
+	b[0] = codec.HeaderLease
+	copy(b[1:9], leasePrefix[:])
+	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
+	return string(b[:])
+}
+
+// extendScript sets the key's expiry to ARGV[2] ms only if it holds the
+// lease ARGV[1], and returns 1 if it did, 0 if not.
+var extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+
+// keepLeases extends leases[i] on keys[i], every Redis budget, until stop is
+// closed, ctx ends or no lease is left. A key whose lease is gone (a
+// write replaced it, or it expired) is dropped; a failed extension is
+// tried again at the next budget (the lease has two more to live). It
+// runs on a goroutine of its own (see loadRun.keep), and takes keys and
+// leases as its own.
+func (c *Cache[T]) keepLeases(ctx context.Context, keys, leases []string, stop <-chan struct{}) {
+	t := time.NewTimer(c.redisTimeout)
+	defer t.Stop()
+	for len(keys) > 0 {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cmds := make([]*redis.Cmd, len(keys))
+		ms := c.leaseTTL().Milliseconds()
+		errs := c.roundTripMany(context.WithoutCancel(ctx), "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+			cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
+			return cmds[i]
+		})
+		n := 0
+		for i, err := range errs {
+			if err == nil {
+				if v, _ := cmds[i].Int(); v == 0 {
+					continue // replaced by a write, or expired: nothing to keep
+				}
+			}
+			keys[n], leases[n] = keys[i], leases[i]
+			n++
+		}
+		keys, leases = keys[:n], leases[:n]
+		t.Reset(c.redisTimeout)
+	}
+}
+
+// maybeRan reports whether a Redis call that failed with err may have run
+// all the same: it was sent, and no reply came (the budget ran out, the
+// connection broke). A refused call, a node's error reply and an open
+// breaker did not run it.
+func maybeRan(err error) bool {
+	if err == nil || !errors.Is(err, ErrRedis) || errors.Is(err, ErrCircuitOpen) {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		return false
+	}
+	var de *dialError
+	return !errors.As(err, &de) && !refused(err)
+}
+
+// A leaseBook is what a cache remembers of leases beyond a load: the tokens of
+// leases it may have placed without knowing it, and the nodes that refuse
+// the read that places one.
+type leaseBook struct {
+	mu sync.Mutex
+	// unsure holds, by key, the token of a lease this process sent and
+	// whose outcome it does not know (the call timed out: it may run when
+	// Redis resumes), until the lease would have expired. A load of this
+	// process that finds it takes it over at once, as its own.
+	unsure map[string]unsureLease
+
+	// noSetGet holds the nodes (by their breakers) that refused SET NX
+	// GET with an error reply, with when to try it again (unix
+	// nanoseconds): until then, reads of their keys are plain GETs and a
+	// miss takes the lease by script. any says whether it holds any.
+	noSetGet sync.Map // *breaker -> int64
+	any      atomic.Bool
+}
+
+type unsureLease struct {
+	token string
+	until int64 // unix nanoseconds
+}
+
+// remember notes that key may hold this process's lease token, for as
+// long as it would live.
+func (c *Cache[T]) rememberLease(key, token string) {
+	now := time.Now()
+	l := &c.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.unsure == nil {
+		l.unsure = map[string]unsureLease{}
+	}
+	for k, u := range l.unsure { // few: one per stalled read or load
+		if now.UnixNano() >= u.until {
+			delete(l.unsure, k)
+		}
+	}
+	l.unsure[key] = unsureLease{token: token, until: now.Add(c.leaseTTL()).UnixNano()}
+}
+
+// ownsLease reports whether lease, found in key, is one this process sent
+// without learning its outcome (see rememberLease).
+func (c *Cache[T]) ownsLease(key, lease string) bool {
+	l := &c.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, ok := l.unsure[key]
+	return ok && u.token == lease && time.Now().UnixNano() < u.until
+}
+
+// forgetLease forgets an unsure lease of key once this process has taken
+// it over or released it.
+func (c *Cache[T]) forgetLease(key, lease string) {
+	l := &c.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if u, ok := l.unsure[key]; ok && u.token == lease {
+		delete(l.unsure, key)
+	}
+}
+
+// settleUnsure releases, after its load, the lease a read sent without
+// learning its outcome, and remembers it if the release could not tell
+// that it is gone: the read's call may yet run on a node that stalled.
+// ctx is the load's; the release has a budget of its own.
+func (c *Cache[T]) settleUnsure(ctx context.Context, key, lease string) {
+	var cmd *redis.Cmd
+	err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), func(ctx context.Context) error {
+		cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
+		if isNoScript(cmd.Err()) {
+			cmd = runScript(ctx, c.rdb, releaseScript, false, key, lease)
+		}
+		return cmd.Err()
+	})
+	if err == nil {
+		if n, _ := cmd.Int(); n == 1 {
+			return // it had landed, and is gone now
+		}
+	}
+	c.rememberLease(key, lease)
+}
+
+// setGetBackoff is how long a node that refused SET NX GET is read with
+// GET before it is tried again: it may have been under maxmemory, or
+// replaced by a newer server.
+const setGetBackoff = time.Second
+
+// setGetRefused reports whether err is a node's error reply to SET NX GET
+// that a plain GET would not get: a server older than 7.0 (a syntax
+// error), a write refused under maxmemory with noeviction (OOM), an ACL
+// that allows reads only (NOPERM), a read-only replica (READONLY). Replies
+// that say the node cannot serve at all (LOADING, CLUSTERDOWN, ...) are
+// failures, not refusals.
+func setGetRefused(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) || err == redis.Nil {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range unavailableReplies {
+		if strings.HasPrefix(msg, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// canSetGet reports whether reads of key may place a lease with SET NX
+// GET: unless its node refused it within setGetBackoff. It costs one
+// atomic load while no node has.
+func (c *Cache[T]) canSetGet(ctx context.Context, key string) bool {
+	if !c.leases.any.Load() {
+		return true
+	}
+	v, ok := c.leases.noSetGet.Load(c.nodes.forKey(ctx, key))
+	return !ok || time.Now().UnixNano() >= v.(int64)
+}
+
+// refuseSetGet notes that key's node refused SET NX GET.
+func (c *Cache[T]) refuseSetGet(ctx context.Context, key string) {
+	c.leases.noSetGet.Store(c.nodes.forKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
+	c.leases.any.Store(true)
+}
+
+// setGetCmd is SET key lease PX ttl NX GET: it returns what key holds and
+// writes nothing, or, where key holds nothing, places lease and returns
+// nil.
+func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis.StringCmd {
+	return redis.NewStringCmd(ctx, "set", key, lease, "px", strconv.FormatInt(ttl.Milliseconds(), 10), "nx", "get")
+}
