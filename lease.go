@@ -176,27 +176,6 @@ func (c *Cache[T]) forgetLease(key, lease string) {
 	}
 }
 
-// settleUnsure releases, after its load, the lease a read sent without
-// learning its outcome, and remembers it if the release could not tell
-// that it is gone: the read's call may yet run on a node that stalled.
-// ctx is the load's; the release has a budget of its own.
-func (c *Cache[T]) settleUnsure(ctx context.Context, key, lease string) {
-	var cmd *redis.Cmd
-	err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), func(ctx context.Context) error {
-		cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
-		if isNoScript(cmd.Err()) {
-			cmd = runScript(ctx, c.rdb, releaseScript, false, key, lease)
-		}
-		return cmd.Err()
-	})
-	if err == nil {
-		if n, _ := cmd.Int(); n == 1 {
-			return // it had landed, and is gone now
-		}
-	}
-	c.rememberLease(key, lease)
-}
-
 // setGetBackoff is how long a node that refused SET NX GET is read with
 // GET before it is tried again: it may have been under maxmemory, or
 // replaced by a newer server.

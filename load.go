@@ -162,7 +162,6 @@ type loadJob[T any] struct {
 	g      guard            // how it may store
 	seen   string           // another process's lease it found, while settling
 	own    bool             // seen is a lease of this process's whose outcome it did not learn
-	unsure string           // a lease it sent without learning whether it landed: released after the load
 	join   *call[result[T]] // another load of this process that now holds the key
 	stored bool             // its value (or tombstone) was written
 	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
@@ -275,15 +274,6 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 		if j := &jobs[i]; j.join != nil {
 			j.res, j.err = wait(lctx, j.join)
 			c.loads.finish(j.key, j.cl, j.res, j.err)
-		}
-	}
-	// Once the callers have their values: a lease sent without learning
-	// whether it landed is released where it did, and remembered where
-	// that cannot be told, so that this process's next load of the key
-	// takes it over rather than wait it out.
-	for i := range jobs {
-		if j := &jobs[i]; j.unsure != "" {
-			c.settleUnsure(lctx, j.key, j.unsure)
 		}
 	}
 }
@@ -620,7 +610,7 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 		l.c.report(ctx, j.key, jd.err)
 		j.g, j.load = guard{}, true
 		if jd.unsure != "" {
-			j.unsure = jd.unsure
+			l.c.rememberLease(j.key, jd.unsure)
 		}
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
@@ -686,7 +676,7 @@ func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
 			c.report(ctx, j.key, errs[n])
 			j.seen, j.g, j.load = "", guard{}, true
 			if maybeRan(errs[n]) {
-				j.unsure = leases[n]
+				c.rememberLease(j.key, leases[n])
 			}
 		default:
 			j.seen = ""
