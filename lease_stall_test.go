@@ -122,6 +122,9 @@ func testStallBeforeLease(t *testing.T, procs int) {
 				return Channel{ID: "loaded"}, nil
 			}))))
 	}
+	for _, c := range caches {
+		c.Get(ctx, "warm") // the scripts loaded, as in a process that has run a while
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	read := func(c *packcache.Cache[Channel]) {
@@ -345,6 +348,8 @@ func TestStalledLeaseTakenOverByItsOwner(t *testing.T) {
 	}
 	a := mustNew[Channel](t, hooked, packcache.WithRedisTimeout(300*time.Millisecond), loader("a"))
 	b := mustNew[Channel](t, s.Client(t), loader("b"))
+	a.Get(ctx, "warm") // the scripts loaded, as in a process that has run a while
+	b.Get(ctx, "warm")
 	if v, err := a.Get(ctx, key); err != nil || v.ID != "a" {
 		t.Fatalf("Get with Redis paused: %+v, %v", v, err)
 	}

@@ -1,0 +1,107 @@
+package packcache_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// BenchmarkHitWithLease sets a read-through hit, whose read is SET key
+// lease PX ms NX GET (so that a miss places its lease in the same round
+// trip), beside a loader-less hit, whose read is a plain GET, on the same
+// stored value, with the subjects' rounds interleaved in one run so that
+// the machine's noise falls on both. Each b.N iteration is one round: 200
+// calls of each subject in turn. It reports each subject's median µs per
+// call over the rounds, and the ratios:
+//
+//   - get, lease: Cache[json.RawMessage].Get (WithShareWindow(Off): every
+//     Get reads Redis) without a loader and with one;
+//   - redis-get, redis-setget: the bare go-redis commands.
+//
+// Run it as
+//
+//	go test -run=NONE -bench=HitWithLease -benchtime=30x .
+func BenchmarkHitWithLease(b *testing.B) {
+	s := redistest.Start(b)
+	rdb := s.Universal(b)
+	ctx := context.Background()
+	for _, size := range []int{1100, 128 << 10} {
+		b.Run(fmt.Sprintf("size=%s", human(size)), func(b *testing.B) {
+			_, raw := benchChannel(b, size)
+			plain := mustNew[json.RawMessage](b, rdb, packcache.WithShareWindow(packcache.Off))
+			lease := mustNew[json.RawMessage](b, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithLoader(packcache.LoaderFunc[json.RawMessage](func(ctx context.Context, key string) (json.RawMessage, error) {
+				return nil, fmt.Errorf("a hit called the loader for %s", key)
+			})))
+			key := "hitlease:" + human(size)
+			if err := plain.Set(ctx, key, raw); err != nil {
+				b.Fatal(err)
+			}
+			token := "\x0cbench-lease-tok"
+			subjects := []struct {
+				name string
+				f    func() error
+			}{
+				{"get", func() error { _, err := plain.Get(ctx, key); return err }},
+				{"lease", func() error { _, err := lease.Get(ctx, key); return err }},
+				{"redis-get", func() error { return rdb.Get(ctx, key).Err() }},
+				{"redis-setget", func() error {
+					return rdb.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 3 * time.Second}).Err()
+				}},
+			}
+			for _, sj := range subjects { // warm: connections, buffers
+				for range 50 {
+					if err := sj.f(); err != nil {
+						b.Fatalf("%s: %v", sj.name, err)
+					}
+				}
+			}
+			const per = 200
+			us := make([][]float64, len(subjects))
+			for b.Loop() {
+				for i, sj := range subjects {
+					t0 := time.Now()
+					for range per {
+						if err := sj.f(); err != nil {
+							b.Fatalf("%s: %v", sj.name, err)
+						}
+					}
+					us[i] = append(us[i], float64(time.Since(t0).Nanoseconds())/1e3/per)
+				}
+			}
+			med := make([]float64, len(us))
+			for i, sj := range subjects {
+				med[i] = median(us[i])
+				b.ReportMetric(med[i], sj.name+"-µs")
+			}
+			b.ReportMetric(med[1]/med[0], "lease/get")
+			b.ReportMetric(med[3]/med[2], "setget/get")
+			if st := lease.Stats(); st.Loads != 0 || st.Stores != 0 {
+				b.Fatalf("the hits loaded (%d) or stored (%d)", st.Loads, st.Stores)
+			}
+		})
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func human(n int) string {
+	if n >= 1<<10 {
+		return fmt.Sprintf("%.1fKB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
