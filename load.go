@@ -34,8 +34,21 @@ import (
 // writes a lease in the key (see FORMAT.md): a Set or Delete of the key
 // made while the load runs, by any process, replaces the lease, and the
 // loaded value is then returned to the callers waiting for it but not
-// stored. This costs a miss one more round trip to Redis than a plain
-// GET and SET; a hit costs nothing more.
+// stored. The read of a Get with a loader places the lease itself (SET
+// key lease NX GET PX, which writes nothing where the key holds a value),
+// so a miss costs two round trips, the read and the store, as a plain GET
+// and SET do, and a hit one. A lease lives three Redis budgets
+// (WithRedisTimeout), and the load extends it every budget while Load
+// runs: a lease lives as long as its load, and one whose process stalled,
+// died or gave up blocks stores of the key for three budgets at most.
+//
+// WARNING: reads with a loader are SET commands, which Redis routes to
+// the key's master and may refuse where it refuses writes: under
+// maxmemory with noeviction (OOM), on a server older than 7.0, for an ACL
+// user without SET, on a read-only replica. A node that refuses one is
+// read with GET at once and for a second after, and its misses take their
+// lease by script (a third round trip), or, where that is refused too,
+// load without storing.
 //
 // With a loader, Get also:
 //   - reloads a stored value it cannot decode, reporting the error to the
