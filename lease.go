@@ -186,13 +186,16 @@ const setGetBackoff = time.Second
 // error), a write refused under maxmemory with noeviction (OOM), an ACL
 // that allows reads only (NOPERM), a read-only replica (READONLY). Replies
 // that say the node cannot serve at all (LOADING, CLUSTERDOWN, ...) are
-// failures, not refusals.
+// failures, not refusals, and WRONGTYPE is the key's, not the node's.
 func setGetRefused(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) || err == redis.Nil {
 		return false
 	}
 	msg := re.Error()
+	if strings.HasPrefix(msg, "WRONGTYPE") {
+		return false // the key's own: a GET gets it too
+	}
 	for _, p := range unavailableReplies {
 		if strings.HasPrefix(msg, p) {
 			return false
