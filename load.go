@@ -453,10 +453,9 @@ func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
 }
 
 // keep keeps the leases the load holds alive while its loader runs (see
-// Cache.keep), and returns the function that stops it: a lease lives as
-// long as its load, and dies within leaseTTL of the load's end, or of its
-// context's. The keeper is not waited for: an extension that runs after
-// the store or the release finds the lease gone and does nothing.
+// keeper), and returns the function that stops it: a lease lives as long
+// as its load, and dies within leaseTTL of the load's end, or of its
+// context's.
 func (l *loadRun[T]) keep(ctx context.Context) (stop func()) {
 	var keys, leases []string
 	for i := range l.jobs {
@@ -467,14 +466,7 @@ func (l *loadRun[T]) keep(ctx context.Context) (stop func()) {
 	if len(keys) == 0 {
 		return func() {}
 	}
-	ch := make(chan struct{})
-	l.c.life.spawn()
-	go func() {
-		defer l.c.life.exit()
-		l.c.keepLeases(ctx, keys, leases, ch)
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(ch) }) }
+	return l.c.keepLeases(ctx, keys, leases).stop
 }
 
 // release releases, in one pipeline, the leases the load took and did not
