@@ -210,6 +210,34 @@ func (c *Cache[T]) forgetLease(key, lease string) {
 	}
 }
 
+// dropLease releases, on a goroutine of its own, the lease a read sent for
+// a caller that gave up before Redis answered: the read may have placed
+// it, and no load holds it. It is remembered as this process's until the
+// release tells it is gone (the read may yet land after the release).
+func (c *Cache[T]) dropLease(ctx context.Context, key, lease string) {
+	c.rememberLease(key, lease)
+	if !c.life.trySpawn() {
+		return
+	}
+	go func() {
+		defer c.life.exit()
+		var cmd *redis.Cmd
+		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), func(ctx context.Context) error {
+			cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
+			if isNoScript(cmd.Err()) {
+				cmd = runScript(ctx, c.rdb, releaseScript, false, key, lease)
+			}
+			return cmd.Err()
+		})
+		if err != nil {
+			return // not tried (an open breaker), or failed: remembered
+		}
+		if n, _ := cmd.Int(); n == 1 {
+			c.forgetLease(key, lease)
+		}
+	}()
+}
+
 // setGetBackoff is how long a node that refused SET NX GET is read with
 // GET before it is tried again: it may have been under maxmemory, or
 // replaced by a newer server.

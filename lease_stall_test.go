@@ -346,7 +346,7 @@ func TestStalledLeaseTakenOverByItsOwner(t *testing.T) {
 			return Channel{ID: id}, nil
 		}))
 	}
-	a := mustNew[Channel](t, hooked, packcache.WithRedisTimeout(300*time.Millisecond), loader("a"))
+	a := mustNew[Channel](t, hooked, packcache.WithRedisTimeout(2*time.Second), loader("a"))
 	b := mustNew[Channel](t, s.Client(t), loader("b"))
 	a.Get(ctx, "warm") // the scripts loaded, as in a process that has run a while
 	b.Get(ctx, "warm")

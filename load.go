@@ -42,13 +42,14 @@ import (
 // runs: a lease lives as long as its load, and one whose process stalled,
 // died or gave up blocks stores of the key for three budgets at most.
 //
-// WARNING: reads with a loader are SET commands, which Redis routes to
-// the key's master and may refuse where it refuses writes: under
-// maxmemory with noeviction (OOM), on a server older than 7.0, for an ACL
-// user without SET, on a read-only replica. A node that refuses one is
-// read with GET at once and for a second after, and its misses take their
-// lease by script (a third round trip), or, where that is refused too,
-// load without storing.
+// WARNING: reads with a loader are SET commands. They go to the key's
+// master even where the client reads from replicas (ReadOnly,
+// RouteByLatency, RouteRandomly), and Redis refuses them where it refuses
+// writes: under maxmemory with noeviction (OOM), for an ACL user without
+// SET, on a server older than 7.0 (a syntax error). A node that refuses
+// one is read with GET at once and for a second after, and its misses
+// take their lease by script (a third round trip), or, where that is
+// refused too, load without storing.
 //
 // With a loader, Get also:
 //   - reloads a stored value it cannot decode, reporting the error to the
@@ -194,7 +195,12 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 		return result[T]{}, err
 	}
 	token := loadToken(j)
-	cl, joined := c.loads.claim(f.key, token, true, c.coalesce)
+	// A load whose read placed its lease is the lease's holder: it never
+	// joins another. (A read of this process that found the lease before
+	// this one registered may have started a load under the same token;
+	// this one takes the token's place, and that load joins it as it
+	// settles.)
+	cl, joined := c.loads.claim(f.key, token, true, c.coalesce && j.placed == "")
 	if joined {
 		f.p.stats.coalescedWaits.Add(1)
 	} else {
@@ -577,6 +583,11 @@ func (l *loadRun[T]) awaitLeases(ctx context.Context, waiting []int) []int {
 			i := waiting[n]
 			j := &l.jobs[i]
 			if jj := c.judge(j.key, j.p, rp, true); jj.v == vLease {
+				if other := c.loads.joinOrWait(j.key, jj.lease, j.cl); other != nil {
+					// A load of this process holds it: see decide.
+					j.seen, j.join = "", other
+					continue
+				}
 				j.seen = jj.lease
 				still = append(still, i)
 			} else {
@@ -632,14 +643,14 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 			j.seen, j.own = jd.lease, true
 			return
 		}
-		if jd.lease != j.token {
-			// Join this process's load that holds the lease, or waits for
-			// it; or become the load that waits for it, which this
-			// process's readers that find it join from now on.
-			if other := l.c.loads.joinOrWait(j.key, jd.lease, j.cl); other != nil {
-				j.join = other
-				return
-			}
+		// Join this process's load that holds the lease, or waits for it
+		// (one found by token, which may be this load's own token: the
+		// load whose read placed the lease takes the token's place); or
+		// become the load that waits for it, which this process's readers
+		// that find it join from now on.
+		if other := l.c.loads.joinOrWait(j.key, jd.lease, j.cl); other != nil {
+			j.join = other
+			return
 		}
 		j.seen = jd.lease
 	}
@@ -849,7 +860,7 @@ func (g *registry[T]) joinOrWait(key, token string, c *call[result[T]]) *call[re
 		}
 		return o
 	}
-	if !c.finished {
+	if !c.finished && g.byToken[tk] != c {
 		g.byToken[tk] = c
 		c.aliases = append(c.aliases, token)
 	}

@@ -204,8 +204,12 @@ func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result
 	load, err := c.rule(ctx, f.key, j, f.ld != nil)
 	switch {
 	case err != nil:
-		if j.unsure != "" {
-			c.rememberLease(f.key, j.unsure) // see judgement.unsure
+		switch {
+		case j.unsure == "":
+		case j.v == vCancelled: // the node is up: the caller gave up
+			c.dropLease(ctx, f.key, j.unsure)
+		default: // see judgement.unsure
+			c.rememberLease(f.key, j.unsure)
 		}
 		return result[T]{}, err
 	case load:
