@@ -223,6 +223,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	}
 	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
+	c.leases.init()
 	c.owed.init()
 	var err error
 	if c.base, err = resolve[T]("", cfg.base, &c.dicts); err != nil {

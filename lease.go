@@ -32,25 +32,49 @@ import (
 // budget still leaves the lease a budget to live before the next.
 func (c *Cache[T]) leaseTTL() time.Duration { return 3 * c.redisTimeout }
 
-// leasePrefix makes the tokens of this process's leases: 8 random bytes
-// drawn once, followed in each token by a counter, so that a read that
-// may place a lease makes its token with an atomic add, not a call to the
-// system's random source.
-var (
-	leasePrefix [8]byte
-	leaseSeq    atomic.Uint64
-)
-
-func init() { crand.Read(leasePrefix[:]) }
+// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
+// and a counter, so that a read that may place a lease makes its token
+// with an atomic add, not a call to the system's random source, and a
+// cache knows its own leases by their tag.
+var leaseSeq atomic.Uint64
 
 // newLease returns a fresh lease value: the lease header byte and a
-// 16-byte token unique to this process (its random prefix and a counter).
-func newLease() string {
+// 16-byte token unique to this cache (its tag and a counter).
+func (c *Cache[T]) newLease() string {
 	var b [17]byte
 	b[0] = codec.HeaderLease
-	copy(b[1:9], leasePrefix[:])
+	copy(b[1:9], c.leases.tag[:])
 	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
 	return string(b[:])
+}
+
+// tagged reports whether lease is one of this cache's (by its tag).
+func (c *Cache[T]) tagged(lease string) bool {
+	return len(lease) == 17 && lease[1:9] == string(c.leases.tag[:])
+}
+
+// awaitPlacer waits, for up to a Redis budget, for the load that holds
+// lease, one of this cache's, to be registered, and returns it; nil if
+// none is. A read of this cache that found the lease may get there before
+// the read that placed it has registered its load: that one is on its
+// way, as the lease in Redis shows, and is joined rather than loaded
+// beside without storing.
+func (l *loadRun[T]) awaitPlacer(ctx context.Context, key, lease string, self *call[result[T]]) *call[result[T]] {
+	deadline := time.Now().Add(l.c.redisTimeout)
+	t := time.NewTimer(time.Millisecond)
+	defer t.Stop()
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if other := l.c.loads.joinOrWait(key, lease, self); other != nil {
+			return other
+		}
+		t.Reset(time.Millisecond)
+	}
+	return nil
 }
 
 // extendScript sets the key's expiry to ARGV[2] ms only if it holds the
@@ -151,6 +175,8 @@ func maybeRan(err error) bool {
 // leases it may have placed without knowing it, and the nodes that refuse
 // the read that places one.
 type leaseBook struct {
+	tag [8]byte // the random part of this cache's lease tokens: see newLease
+
 	mu sync.Mutex
 	// unsure holds, by key, the token of a lease this process sent and
 	// whose outcome it does not know (the call timed out: it may run when
@@ -165,6 +191,9 @@ type leaseBook struct {
 	noSetGet sync.Map // *breaker -> int64
 	any      atomic.Bool
 }
+
+// init draws the cache's lease tag.
+func (b *leaseBook) init() { crand.Read(b.tag[:]) }
 
 type unsureLease struct {
 	token string

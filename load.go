@@ -176,6 +176,7 @@ type loadJob[T any] struct {
 	g      guard            // how it may store
 	seen   string           // another process's lease it found, while settling
 	own    bool             // seen is a lease of this process's whose outcome it did not learn
+	mine   bool             // seen is this cache's lease, placed by a read whose load had not registered
 	join   *call[result[T]] // another load of this process that now holds the key
 	stored bool             // its value (or tombstone) was written
 	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
@@ -194,7 +195,7 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 		}
 		return result[T]{}, err
 	}
-	token := loadToken(j)
+	token := c.loadToken(j)
 	// A load whose read placed its lease is the lease's holder: it never
 	// joins another. (A read of this process that found the lease before
 	// this one registered may have started a load under the same token;
@@ -529,6 +530,14 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 		}
 	}
 	l.acquire(ctx, own, true)
+	for i := range l.jobs {
+		if j := &l.jobs[i]; j.mine && j.seen != "" {
+			j.mine = false
+			if other := l.awaitPlacer(ctx, j.key, j.seen, j.cl); other != nil {
+				j.seen, j.join = "", other
+			}
+		}
+	}
 	var waiting []int
 	for i := range l.jobs {
 		if l.jobs[i].seen != "" {
@@ -652,7 +661,7 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 			j.join = other
 			return
 		}
-		j.seen = jd.lease
+		j.seen, j.mine = jd.lease, l.c.tagged(jd.lease)
 	}
 }
 
@@ -671,11 +680,11 @@ func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
 		j := &l.jobs[i]
 		switch {
 		case over:
-			leases[n], olds[n] = newLease(), j.seen
+			leases[n], olds[n] = c.newLease(), j.seen
 		case j.from.v == vMiss:
 			leases[n] = j.token // the lease this process's readers join by
 		default:
-			leases[n] = newLease()
+			leases[n] = c.newLease()
 		}
 	}
 	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
@@ -763,13 +772,13 @@ const owedToken = "owed"
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
 // Redis unreachable, unprovenToken.
-func loadToken[T any](j judgement[T]) string {
+func (c *Cache[T]) loadToken(j judgement[T]) string {
 	switch j.v {
 	case vMiss:
 		if j.placed != "" {
 			return j.placed
 		}
-		return newLease()
+		return c.newLease()
 	case vLease:
 		return j.lease
 	case vUnavailable:

@@ -390,46 +390,46 @@ type reply struct {
 func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], lease bool) reply {
 	rp := reply{left: -1}
 	if lease && c.canSetGet(ctx, key) {
-		rp.lease = newLease()
-	}
-	ttl := c.leaseTTL()
-	// read reads key in one round trip: with PTTL when the policy needs
-	// it, with the lease when rp.lease is set.
-	read := func(ctx context.Context) (err error) {
-		var get *redis.StringCmd
-		if rp.lease != "" {
-			get = setGetCmd(ctx, key, rp.lease, ttl)
-		} else {
-			get = redis.NewStringCmd(ctx, "get", key)
-		}
-		if !p.needsPTTL() {
-			_ = c.rdb.Process(ctx, get)
-			rp.s, err = get.Result()
-			return err
-		}
-		pipe := c.rdb.Pipeline()
-		_ = pipe.Process(ctx, get)
-		pttl := pipe.PTTL(ctx, key)
-		rp.sent = time.Now()
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-		if rp.s, err = get.Result(); err == nil {
-			// Only with a value: where the read placed a lease, PTTL
-			// tells the lease's time, never a value's.
-			rp.left = ttlLeft(pttl)
-		}
-		return err
+		rp.lease = c.newLease()
 	}
 	rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) error {
-		err := read(ctx)
+		err := c.read(ctx, key, p, &rp)
 		if rp.lease != "" && setGetRefused(err) {
 			c.refuseSetGet(ctx, key)
 			rp.lease = ""
-			err = read(ctx)
+			err = c.read(ctx, key, p, &rp)
 		}
 		return err
 	})
 	rp.placed = rp.lease != "" && rp.err == redis.Nil
 	return rp
+}
+
+// read reads key into rp in one round trip: with PTTL when the policy
+// needs it, placing rp.lease where the key holds nothing when it is set.
+func (c *Cache[T]) read(ctx context.Context, key string, p *policy[T], rp *reply) (err error) {
+	var get *redis.StringCmd
+	if rp.lease != "" {
+		get = setGetCmd(ctx, key, rp.lease, c.leaseTTL())
+	} else {
+		get = redis.NewStringCmd(ctx, "get", key)
+	}
+	if !p.needsPTTL() {
+		_ = c.rdb.Process(ctx, get)
+		rp.s, err = get.Result()
+		return err
+	}
+	pipe := c.rdb.Pipeline()
+	_ = pipe.Process(ctx, get)
+	pttl := pipe.PTTL(ctx, key)
+	rp.sent = time.Now()
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if rp.s, err = get.Result(); err == nil {
+		// Only with a value: where the read placed a lease, PTTL tells
+		// the lease's time, never a value's.
+		rp.left = ttlLeft(pttl)
+	}
+	return err
 }
 
 // ttlLeft turns a PTTL reply into a reply's left.
