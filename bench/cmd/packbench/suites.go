@@ -646,6 +646,7 @@ type surgeResult struct {
 	p50, p99 time.Duration
 	gets     int64
 	sets     int64
+	scripts  int64 // EVALSHA and EVAL calls
 	loads    int64
 	decodes  int64
 	peakHeap uint64 // growth of heap objects bytes over the pre-surge level (after a GC), peak sampled during the surge
@@ -724,6 +725,7 @@ func (e *env) runSurge(ctx context.Context, n int, f func() error) (surgeResult,
 	}
 	r.gets = after["get"] - before["get"]
 	r.sets = after["set"] - before["set"]
+	r.scripts = after["evalsha"] - before["evalsha"] + after["eval"] - before["eval"]
 	slices.Sort(lat)
 	r.p50, r.p99 = lat[n/2], lat[n*99/100]
 	r.errs = errs.Load()
