@@ -279,8 +279,11 @@ const setGetBackoff = time.Second
 // that say the node cannot serve at all (LOADING, CLUSTERDOWN, ...) are
 // failures, not refusals, and WRONGTYPE is the key's, not the node's.
 func setGetRefused(err error) bool {
+	if err == nil || err == redis.Nil {
+		return false // a hit or a miss: the common case, without errors.As
+	}
 	var re redis.Error
-	if !errors.As(err, &re) || err == redis.Nil {
+	if !errors.As(err, &re) {
 		return false
 	}
 	msg := re.Error()
