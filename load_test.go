@@ -129,6 +129,11 @@ func TestSurgeAcrossProcessesWithLock(t *testing.T) {
 			} else {
 				rdb = tg.Cluster.Universal(t)
 			}
+			// Connected (and, on the cluster, the slot map loaded) before
+			// the surge: otherwise a process still connecting when the
+			// 100 ms load ends reads the value, not the lease, and waits
+			// for nothing.
+			rdb.Ping(ctx)
 			caches = append(caches, mustNew[Channel](t, rdb, packcache.WithLoader(load), packcache.WithLock(5*time.Second), packcache.WithRedisTimeout(time.Minute)))
 		}
 		surge(400, func(i int) {
