@@ -53,28 +53,36 @@ func (c *Cache[T]) tagged(lease string) bool {
 	return len(lease) == 17 && lease[1:9] == string(c.leases.tag[:])
 }
 
-// awaitPlacer waits, for up to a Redis budget, for the load that holds
-// lease, one of this cache's, to be registered, and returns it; nil if
-// none is. A read of this cache that found the lease may get there before
+// placerWait bounds how long a load waits for the read that placed a
+// lease of its cache to register its load (see awaitPlacer).
+const placerWait = 100 * time.Millisecond
+
+// awaitPlacer waits, for up to placerWait (or a Redis budget, if
+// shorter), for the load that holds lease, one of this cache's, to be
+// registered, and returns it if it may be joined; nil if none is, or if
+// the one registered may not be joined (a write detached it, or it has
+// ended). A read of this cache that found the lease may get there before
 // the read that placed it has registered its load: that one is on its
 // way, as the lease in Redis shows, and is joined rather than loaded
 // beside without storing.
 func (l *loadRun[T]) awaitPlacer(ctx context.Context, key, lease string, self *call[result[T]]) *call[result[T]] {
-	deadline := time.Now().Add(l.c.redisTimeout)
+	deadline := time.Now().Add(min(l.c.redisTimeout, placerWait))
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
-	for time.Now().Before(deadline) {
+	for {
+		if other, registered := l.c.loads.placer(key, lease, self); registered {
+			return other
+		}
+		if !time.Now().Before(deadline) {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		if other := l.c.loads.joinOrWait(key, lease, self); other != nil {
-			return other
-		}
 		t.Reset(time.Millisecond)
 	}
-	return nil
 }
 
 // extendScript sets the key's expiry to ARGV[2] ms only if it holds the

@@ -661,7 +661,10 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 			j.join = other
 			return
 		}
-		j.seen, j.mine = jd.lease, l.c.tagged(jd.lease)
+		// One of this cache's leases, which the load began from (its read
+		// found it) and no load of this cache holds: the read that placed
+		// it has yet to register its load.
+		j.seen, j.mine = jd.lease, l.c.tagged(jd.lease) && j.from.v == vLease && jd.lease == j.token
 	}
 }
 
@@ -874,6 +877,25 @@ func (g *registry[T]) joinOrWait(key, token string, c *call[result[T]]) *call[re
 		c.aliases = append(c.aliases, token)
 	}
 	return nil
+}
+
+// placer reports whether a load other than self has taken token's place
+// for key (see load: the load whose read placed a lease does), and
+// returns it if it may be joined.
+func (g *registry[T]) placer(key, token string, self *call[result[T]]) (*call[result[T]], bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	o, ok := g.byToken[tokenKey{key, token}]
+	if !ok || o == self {
+		return nil, false
+	}
+	if o.finished || o.detached.Load() {
+		return nil, true
+	}
+	if o.done == nil {
+		o.done = make(chan struct{})
+	}
+	return o, true
 }
 
 // isDetached reports whether a write detached c (see forget).
