@@ -149,7 +149,7 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 	joined := make([]bool, len(toLoad))
 	for i, k := range toLoad {
 		p := c.policy(k)
-		token := loadToken(from[k])
+		token := c.loadToken(from[k])
 		calls[i], joined[i] = c.loads.claim(k, token, true, c.coalesce)
 		if joined[i] {
 			p.stats.coalescedWaits.Add(1)

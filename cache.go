@@ -92,6 +92,7 @@ type Cache[T any] struct {
 	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
 	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
 	loads   registry[T]                 // loads, shared by the reads that found the same state
+	leases  leaseBook                   // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	life  life
 	owed  owed  // invalidations that failed on a Redis failure, retried (pending.go)
@@ -223,6 +224,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	}
 	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
+	c.leases.init()
 	c.owed.init()
 	var err error
 	if c.base, err = resolve[T]("", cfg.base, &c.dicts); err != nil {

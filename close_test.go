@@ -71,7 +71,7 @@ func TestCloseDuringTraffic(t *testing.T) {
 					_, err = c.GetOrLoadMany(ctx, []string{k, k + "y"}, batch)
 				}
 				if err != nil && !errors.Is(err, packcache.ErrClosed) && !errors.Is(err, packcache.ErrMiss) {
-					unexpected.Store(err)
+					unexpected.Store(fmt.Errorf("%T: %w", err, err)) // one type: errors of several types may come
 				}
 			}
 		})

@@ -363,32 +363,77 @@ func TestLeaseReleasedWhenLoadFails(t *testing.T) {
 	})
 }
 
-// TestLeaseCostsOneRoundTrip: a read-through miss costs a GET, the lease
-// script, the loader and the store script: one round trip more than a GET
-// and a SET. A hit costs one GET and nothing else.
-func TestLeaseCostsOneRoundTrip(t *testing.T) {
+// TestMissCostsTwoRoundTrips: a read-through miss costs the read, which
+// places the lease (SET NX GET), and the store script: two round trips, as
+// a GET and a SET. A hit costs the one read and nothing else; a Get
+// without a loader stays a plain GET.
+func TestMissCostsTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
-		return Channel{ID: key}, nil
-	})))
-	c.Get(ctx, "warm-the-scripts")
+	for _, pol := range []string{"plain", "refresh"} {
+		t.Run(pol, func(t *testing.T) {
+			opts := []packcache.Option{packcache.WithShareWindow(packcache.Off), packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+				return Channel{ID: key}, nil
+			}))}
+			if pol == "refresh" { // reads pipeline PTTL with the read
+				opts = append(opts, packcache.WithTTL(time.Hour), packcache.WithPrefix("", packcache.Policy{RefreshAfter: time.Minute}))
+			}
+			c := mustNew[Channel](t, rdb, opts...)
+			c.Get(ctx, "warm-the-scripts:"+pol)
+			stores := c.Stats().Stores
+			s.ResetStats(t)
+			key := "rt:" + pol
+			if _, err := c.Get(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			count := func() (set, get, scripts, pttl int64) {
+				return s.CommandCount(t, "set"), s.CommandCount(t, "get"), s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval"), s.CommandCount(t, "pttl")
+			}
+			set, get, scripts, pttl := count()
+			// The store script makes one GET and one SET of its own: not
+			// round trips. PTTL rides in the read's pipeline.
+			if set != 2 || get != 1 || scripts != 1 {
+				t.Fatalf("a miss made %d SETs, %d GETs, %d scripts; want 2, 1, 1 (SET NX GET, then the store)", set, get, scripts)
+			}
+			if trips := set + get - scripts; trips != 2 {
+				t.Fatalf("a miss made %d round trips, want 2", trips)
+			}
+			if want := map[string]int64{"plain": 0, "refresh": 1}[pol]; pttl != want {
+				t.Fatalf("a miss made %d PTTLs, want %d", pttl, want)
+			}
+			if ttl := rdb.PTTL(ctx, key).Val(); pol == "refresh" && ttl < 59*time.Minute {
+				t.Fatalf("the stored value's TTL is %v, want the policy's hour", ttl)
+			}
+			if st := c.Stats(); st.Stores != stores+1 || st.Superseded != 0 {
+				t.Fatalf("stats: %d stores, %d superseded; want 1 and 0", st.Stores-stores, st.Superseded)
+			}
+			s.ResetStats(t)
+			if v, err := c.Get(ctx, key); err != nil || v.ID != key {
+				t.Fatalf("hit: %+v, %v", v, err)
+			}
+			if set, get, scripts, _ := count(); set != 1 || get != 0 || scripts != 0 {
+				t.Fatalf("a hit made %d SETs, %d GETs and %d scripts, want one SET NX GET and nothing else", set, get, scripts)
+			}
+			if st := c.Stats(); st.Loads != 2 {
+				t.Fatalf("%d loads, want 2 (the warm-up's and the miss's)", st.Loads)
+			}
+		})
+	}
+	plain := mustNew[Channel](t, rdb, packcache.WithShareWindow(packcache.Off))
 	s.ResetStats(t)
-	if _, err := c.Get(ctx, "rt"); err != nil {
+	if _, err := plain.Get(ctx, "rt:plain"); err != nil {
 		t.Fatal(err)
 	}
-	calls := s.CommandCount(t, "get") - 2 + s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval") // the scripts' own GETs are not round trips
-	if calls != 3 {
-		t.Fatalf("a miss made %d round trips, want 3 (GET, lease, store)", calls)
+	if _, err := plain.Get(ctx, "rt:absent"); !errors.Is(err, packcache.ErrMiss) {
+		t.Fatalf("loader-less miss: %v", err)
 	}
-	s.ResetStats(t)
-	if _, err := c.Get(ctx, "rt"); err != nil {
-		t.Fatal(err)
+	if set, get := s.CommandCount(t, "set"), s.CommandCount(t, "get"); set != 0 || get != 2 {
+		t.Fatalf("two loader-less Gets made %d SETs and %d GETs, want 0 and 2", set, get)
 	}
-	if g, e := s.CommandCount(t, "get"), s.CommandCount(t, "evalsha"); g != 1 || e != 0 {
-		t.Fatalf("a hit made %d GETs and %d scripts, want 1 and 0", g, e)
+	if n := rdb.Exists(ctx, "rt:absent").Val(); n != 0 {
+		t.Fatal("a loader-less miss left something in the key")
 	}
 }
 

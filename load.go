@@ -34,8 +34,22 @@ import (
 // writes a lease in the key (see FORMAT.md): a Set or Delete of the key
 // made while the load runs, by any process, replaces the lease, and the
 // loaded value is then returned to the callers waiting for it but not
-// stored. This costs a miss one more round trip to Redis than a plain
-// GET and SET; a hit costs nothing more.
+// stored. The read of a Get with a loader places the lease itself (SET
+// key lease NX GET PX, which writes nothing where the key holds a value),
+// so a miss costs two round trips, the read and the store, as a plain GET
+// and SET do, and a hit one. A lease lives three Redis budgets
+// (WithRedisTimeout), and the load extends it every budget while Load
+// runs: a lease lives as long as its load, and one whose process stalled,
+// died or gave up blocks stores of the key for three budgets at most.
+//
+// WARNING: reads with a loader are SET commands. They go to the key's
+// master even where the client reads from replicas (ReadOnly,
+// RouteByLatency, RouteRandomly), and Redis refuses them where it refuses
+// writes: under maxmemory with noeviction (OOM), for an ACL user without
+// SET, on a server older than 7.0 (a syntax error). A node that refuses
+// one is read with GET at once and for a second after, and its misses
+// take their lease by script (a third round trip), or, where that is
+// refused too, load without storing.
 //
 // With a loader, Get also:
 //   - reloads a stored value it cannot decode, reporting the error to the
@@ -162,6 +176,8 @@ type loadJob[T any] struct {
 	load   bool             // the loader is to be called for it, storing under g
 	g      guard            // how it may store
 	seen   string           // another process's lease it found, while settling
+	own    bool             // seen is a lease of this process's whose outcome it did not learn
+	mine   bool             // seen is this cache's lease, placed by a read whose load had not registered
 	join   *call[result[T]] // another load of this process that now holds the key
 	stored bool             // its value (or tombstone) was written
 	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
@@ -175,10 +191,18 @@ type loadJob[T any] struct {
 // goroutine of its own, and waits for it under ctx.
 func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
 	if err := c.reentrant(ctx, f.key); err != nil {
+		if j.placed != "" {
+			c.releaseLeases(ctx, []string{f.key}, []string{j.placed})
+		}
 		return result[T]{}, err
 	}
-	token := loadToken(j)
-	cl, joined := c.loads.claim(f.key, token, true, c.coalesce)
+	token := c.loadToken(j)
+	// A load whose read placed its lease is the lease's holder: it never
+	// joins another. (A read of this process that found the lease before
+	// this one registered may have started a load under the same token;
+	// this one takes the token's place, and that load joins it as it
+	// settles.)
+	cl, joined := c.loads.claim(f.key, token, true, c.coalesce && j.placed == "")
 	if joined {
 		f.p.stats.coalescedWaits.Add(1)
 	} else {
@@ -311,10 +335,13 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 	if len(loading) == 0 {
 		return
 	}
+	stop := l.keep(ctx)
+	defer stop()
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := protect(ctx, fn, keys, callLoadFunc[T])
+	stop()
 	p0 := l.jobs[loading[0]].p
 	if !live() || ctx.Err() != nil {
 		// Past the load timeout (or Close): the callers have, or are
@@ -439,6 +466,23 @@ func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
 	j.res, j.err = result[T]{}, err
 }
 
+// keep keeps the leases the load holds alive while its loader runs (see
+// keeper), and returns the function that stops it: a lease lives as long
+// as its load, and dies within leaseTTL of the load's end, or of its
+// context's.
+func (l *loadRun[T]) keep(ctx context.Context) (stop func()) {
+	var keys, leases []string
+	for i := range l.jobs {
+		if j := &l.jobs[i]; j.load && j.g.kind == guardLease {
+			keys, leases = append(keys, j.key), append(leases, j.g.value)
+		}
+	}
+	if len(keys) == 0 {
+		return func() {}
+	}
+	return l.c.keepLeases(ctx, keys, leases).stop
+}
+
 // release releases, in one pipeline, the leases the load took and did not
 // store over, so that readers do not take the keys for a load in progress.
 func (l *loadRun[T]) release(ctx context.Context) {
@@ -468,6 +512,11 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 		case vLease:
 			reread = append(reread, i)
 		case vMiss:
+			if from.placed != "" {
+				// The read placed the lease: the load holds it.
+				l.jobs[i].g, l.jobs[i].load = guard{kind: guardLease, value: from.placed}, true
+				continue
+			}
 			missing = append(missing, i)
 		default:
 			l.decide(ctx, i, from, nil)
@@ -478,6 +527,24 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 		l.decide(ctx, i, c.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
 	}
 	l.acquire(ctx, missing, false)
+	// Leases of this process's own whose outcome it did not learn (their
+	// read or acquire timed out, and ran later): taken over at once, as no
+	// load of this process holds them any more.
+	var own []int
+	for i := range l.jobs {
+		if l.jobs[i].own {
+			own = append(own, i)
+		}
+	}
+	l.acquire(ctx, own, true)
+	for i := range l.jobs {
+		if j := &l.jobs[i]; j.mine && j.seen != "" {
+			j.mine = false
+			if other := l.awaitPlacer(ctx, j.key, j.seen, j.cl); other != nil {
+				j.seen, j.join = "", other
+			}
+		}
+	}
 	var waiting []int
 	for i := range l.jobs {
 		if l.jobs[i].seen != "" {
@@ -532,6 +599,11 @@ func (l *loadRun[T]) awaitLeases(ctx context.Context, waiting []int) []int {
 			i := waiting[n]
 			j := &l.jobs[i]
 			if jj := c.judge(j.key, j.p, rp, true); jj.v == vLease {
+				if other := c.loads.joinOrWait(j.key, jj.lease, j.cl); other != nil {
+					// A load of this process holds it: see decide.
+					j.seen, j.join = "", other
+					continue
+				}
 				j.seen = jj.lease
 				still = append(still, i)
 			} else {
@@ -569,6 +641,9 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 	case vUnavailable:
 		l.c.report(ctx, j.key, jd.err)
 		j.g, j.load = guard{}, true
+		if jd.unsure != "" {
+			l.c.rememberLease(j.key, jd.unsure)
+		}
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
 	case vCancelled: // the load's own context ended (its timeout, or Close)
@@ -580,16 +655,23 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 			j.g, j.load = guard{}, true
 		}
 	case vLease:
-		if jd.lease != j.token {
-			// Join this process's load that holds the lease, or waits for
-			// it; or become the load that waits for it, which this
-			// process's readers that find it join from now on.
-			if other := l.c.loads.joinOrWait(j.key, jd.lease, j.cl); other != nil {
-				j.join = other
-				return
-			}
+		if l.c.ownsLease(j.key, jd.lease) {
+			j.seen, j.own = jd.lease, true
+			return
 		}
-		j.seen = jd.lease
+		// Join this process's load that holds the lease, or waits for it
+		// (one found by token, which may be this load's own token: the
+		// load whose read placed the lease takes the token's place); or
+		// become the load that waits for it, which this process's readers
+		// that find it join from now on.
+		if other := l.c.loads.joinOrWait(j.key, jd.lease, j.cl); other != nil {
+			j.join = other
+			return
+		}
+		// One of this cache's leases, which the load began from (its read
+		// found it) and no load of this cache holds: the read that placed
+		// it has yet to register its load.
+		j.seen, j.mine = jd.lease, l.c.tagged(jd.lease) && j.from.v == vLease && jd.lease == j.token
 	}
 }
 
@@ -608,22 +690,29 @@ func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
 		j := &l.jobs[i]
 		switch {
 		case over:
-			leases[n], olds[n] = newLease(), j.seen
+			leases[n], olds[n] = c.newLease(), j.seen
 		case j.from.v == vMiss:
 			leases[n] = j.token // the lease this process's readers join by
 		default:
-			leases[n] = newLease()
+			leases[n] = c.newLease()
 		}
 	}
 	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
 	for n, i := range idx {
 		j := &l.jobs[i]
+		j.own = false
 		switch {
 		case errs[n] == redis.Nil:
+			if over {
+				c.forgetLease(j.key, olds[n])
+			}
 			j.seen, j.g, j.load = "", guard{kind: guardLease, value: leases[n]}, true
 		case errs[n] != nil:
 			c.report(ctx, j.key, errs[n])
 			j.seen, j.g, j.load = "", guard{}, true
+			if maybeRan(errs[n]) {
+				c.rememberLease(j.key, leases[n])
+			}
 		default:
 			j.seen = ""
 			l.decide(ctx, i, c.judge(j.key, j.p, reply{s: held[n], left: -1}, true), nil)
@@ -705,10 +794,13 @@ const owedToken = "owed"
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
 // Redis unreachable, unprovenToken.
-func loadToken[T any](j judgement[T]) string {
+func (c *Cache[T]) loadToken(j judgement[T]) string {
 	switch j.v {
 	case vMiss:
-		return newLease()
+		if j.placed != "" {
+			return j.placed
+		}
+		return c.newLease()
 	case vLease:
 		return j.lease
 	case vUnavailable:
@@ -865,11 +957,30 @@ func (g *registry[T]) joinOrWait(key, token string, c *call[result[T]]) *call[re
 		}
 		return o
 	}
-	if !c.finished {
+	if !c.finished && g.byToken[tk] != c {
 		g.byToken[tk] = c
 		c.aliases = append(c.aliases, token)
 	}
 	return nil
+}
+
+// placer reports whether a load other than self has taken token's place
+// for key (see load: the load whose read placed a lease does), and
+// returns it if it may be joined.
+func (g *registry[T]) placer(key, token string, self *call[result[T]]) (*call[result[T]], bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	o, ok := g.byToken[tokenKey{key, token}]
+	if !ok || o == self {
+		return nil, false
+	}
+	if o.finished || o.detached.Load() {
+		return nil, true
+	}
+	if o.done == nil {
+		o.done = make(chan struct{})
+	}
+	return o, true
 }
 
 // isDetached reports whether a write detached c (see forget).

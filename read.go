@@ -187,7 +187,7 @@ func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], err
 	if p.near != nil {
 		t = c.marks.take(key) // before the read is sent
 	}
-	rp := c.fetch(ctx, key, p)
+	rp := c.fetch(ctx, key, p, f.ld != nil)
 	if cl != nil {
 		cl.seal()
 	}
@@ -213,6 +213,13 @@ func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result
 	load, err := c.rule(ctx, f.key, j, f.ld != nil)
 	switch {
 	case err != nil:
+		switch {
+		case j.unsure == "":
+		case j.v == vCancelled: // the node is up: the caller gave up
+			c.dropLease(ctx, f.key, j.unsure)
+		default: // see judgement.unsure
+			c.rememberLease(f.key, j.unsure)
+		}
 		return result[T]{}, err
 	case load:
 		return c.load(ctx, f, j)
@@ -284,6 +291,12 @@ type judgement[T any] struct {
 	left    time.Duration // the value's time to live when read (0: it expires now); -1 when unknown or unlimited
 	expires time.Time     // when the value expires, counted from when the read was sent; zero when left is -1
 	refresh bool          // vHit: old enough for a background refresh
+
+	// placed is, for a vMiss, the lease the read placed in the key: the
+	// load holds it from the start. unsure is, for a vUnavailable or
+	// vCancelled, the lease the read sent without learning whether it
+	// ran: it may land in the key once the node answers again.
+	placed, unsure string
 }
 
 // judge is the one place that decides what a stored value means. It turns
@@ -295,12 +308,18 @@ type judgement[T any] struct {
 func (c *Cache[T]) judge(key string, p *policy[T], rp reply, readThrough bool) judgement[T] {
 	s, left := rp.s, rp.left
 	switch err := rp.err; {
+	case err == redis.Nil && rp.placed:
+		return judgement[T]{v: vMiss, placed: rp.lease}
 	case err == redis.Nil:
 		return judgement[T]{v: vMiss}
 	case errors.Is(err, ErrRedis):
-		return judgement[T]{v: vUnavailable, err: err}
+		j := judgement[T]{v: vUnavailable, err: err}
+		if maybeRan(err) {
+			j.unsure = rp.lease
+		}
+		return j
 	case err != nil:
-		return judgement[T]{v: vCancelled, err: err}
+		return judgement[T]{v: vCancelled, err: err, unsure: rp.lease}
 	case len(s) == 1 && s[0] == codec.HeaderTombstone:
 		return judgement[T]{v: vTombstone}
 	case len(s) > 0 && s[0] == codec.HeaderLease:
@@ -360,31 +379,66 @@ type reply struct {
 	// sent is when the read was sent, when left was asked for: the value
 	// expires no earlier than sent plus left.
 	sent time.Time
+	// lease is the lease a read with a loader sent (see fetch); placed
+	// says that the read placed it: the key held nothing.
+	lease  string
+	placed bool
 }
 
 // fetch reads key from Redis (see roundTrip): the value, and its time to
 // live when the policy needs it.
-func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T]) reply {
+//
+// A read with a loader (lease) is also a miss's lease: it reads with SET
+// key lease NX GET PX leaseTTL, which returns what the key holds and
+// writes nothing, or, where the key holds nothing, places the lease and
+// returns nil (rp.placed). So a miss costs this read and the store, two
+// round trips, and a hit the one command, as a GET. A node that refuses
+// the command (see setGetRefused) is read with a plain GET at once, in the
+// same budget, and for setGetBackoff after; its misses take their lease
+// by script.
+func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], lease bool) reply {
 	rp := reply{left: -1}
-	if !p.needsPTTL() {
-		rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) (err error) {
-			rp.s, err = c.rdb.Get(ctx, key).Result()
-			return err
-		})
-		return rp
+	if lease && c.canSetGet(ctx, key) {
+		rp.lease = c.newLease()
 	}
-	rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) (err error) {
-		pipe := c.rdb.Pipeline()
-		get := pipe.Get(ctx, key)
-		pttl := pipe.PTTL(ctx, key)
-		rp.sent = time.Now()
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-		if rp.s, err = get.Result(); err == nil {
-			rp.left = ttlLeft(pttl)
+	rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) error {
+		err := c.read(ctx, key, p, &rp)
+		if rp.lease != "" && setGetRefused(err) {
+			c.refuseSetGet(ctx, key)
+			rp.lease = ""
+			err = c.read(ctx, key, p, &rp)
 		}
 		return err
 	})
+	rp.placed = rp.lease != "" && rp.err == redis.Nil
 	return rp
+}
+
+// read reads key into rp in one round trip: with PTTL when the policy
+// needs it, placing rp.lease where the key holds nothing when it is set.
+func (c *Cache[T]) read(ctx context.Context, key string, p *policy[T], rp *reply) (err error) {
+	var get *redis.StringCmd
+	if rp.lease != "" {
+		get = setGetCmd(ctx, key, rp.lease, c.leaseTTL())
+	} else {
+		get = redis.NewStringCmd(ctx, "get", key)
+	}
+	if !p.needsPTTL() {
+		_ = c.rdb.Process(ctx, get)
+		rp.s, err = get.Result()
+		return err
+	}
+	pipe := c.rdb.Pipeline()
+	_ = pipe.Process(ctx, get)
+	pttl := pipe.PTTL(ctx, key)
+	rp.sent = time.Now()
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if rp.s, err = get.Result(); err == nil {
+		// Only with a value: where the read placed a lease, PTTL tells
+		// the lease's time, never a value's.
+		rp.left = ttlLeft(pttl)
+	}
+	return err
 }
 
 // ttlLeft turns a PTTL reply into a reply's left.

@@ -3,7 +3,6 @@ package packcache
 import (
 	"bytes"
 	"context"
-	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -271,13 +270,17 @@ func (c *Cache[T]) forget(key string) {
 // that load's value. Two mechanisms keep the first promise, one per state
 // a load can begin from:
 //
-//   - A load that begins from a miss first writes a lease in the key: the
-//     header byte 0x0C and a random token (SET with PX, by a script that
-//     writes it only where the key holds nothing). The loader is called
-//     only once the lease is in place, and its value is stored by a script
-//     that writes it only if the key still holds that very lease. A Set
-//     or Delete meanwhile, by anyone, replaces or removes the lease, and
-//     the load's store is refused. A write that came before the lease was
+//   - A load that begins from a miss holds a lease in the key: the header
+//     byte 0x0C and a token unique to the load. The read that found the
+//     miss placed it: a Get with a loader reads with SET key lease NX GET
+//     PX, which writes only where the key holds nothing and otherwise
+//     returns what it holds (where a node refuses that command, the read
+//     is a GET and the load places its lease by a script that writes it
+//     only where the key holds nothing). The loader is called only once
+//     the lease is in place, and its value is stored by a script that
+//     writes it only if the key still holds that very lease. A Set or
+//     Delete meanwhile, by anyone, replaces or removes the lease, and the
+//     load's store is refused. A write that came before the lease was
 //     placed came before the loader read the source, so the load's value
 //     is as new as that write.
 //   - A load that begins from a value still in place (a refresh, a stale
@@ -291,10 +294,12 @@ func (c *Cache[T]) forget(key string) {
 //     TTLJitter, or for an undecodable value without expiry): the reload
 //     may then replace it.
 //
-// The cost: a miss takes one more round trip (the lease) than a plain
-// GET-then-SET, and the final write is a script; a hit costs nothing
-// more. The second promise, within this process, is forget's: a write
-// detaches every read and load of the key under way from later callers.
+// The cost: none in round trips. A miss takes two, as a plain GET-then-SET
+// does: the read that places the lease, and the store, a script. A hit is
+// the one read, which writes nothing where the key holds a value
+// (BenchmarkHitWithLease sets it beside a GET). The second promise, within
+// this process, is forget's: a write detaches every read and load of the
+// key under way from later callers.
 //
 // While a lease is in place, readers treat the key as "a load is in
 // progress", never as data or as an error: a Get without a loader reports
@@ -302,9 +307,18 @@ func (c *Cache[T]) forget(key string) {
 // own, or else loads without storing, or with WithLock waits for the
 // other process's value (taking the lease over if it outlives the wait).
 //
-// A lease lives for the load timeout plus two Redis budgets, so that a
-// load that ends within its timeout can always store; the lease of a
-// process that died mid-load blocks stores of the key for that long.
+// A lease lives as long as its load (lease.go): its TTL is three Redis
+// budgets, and the load extends it every budget while its loader runs. A
+// lease whose holder stalled, died or gave up dies within three budgets of
+// its last extension, and blocks stores of the key no longer.
+//
+// A read or an acquire that times out may still run when the node
+// resumes, and leave a lease no load holds. Its load does not store over
+// it: the loader was called before the lease was known to be in place,
+// so a write between the two could be undone. The process remembers the
+// token for as long as the lease could live, and its next load of the key
+// that finds it takes it over at once (a new lease, then the loader),
+// instead of loading without storing until it expires.
 
 // A guard says whether and how a load may store its value.
 type guard struct {
@@ -333,15 +347,6 @@ const (
 	guardLease                   // store only if the key still holds our lease
 	guardDigest                  // store only if the key still holds the value the load began from
 )
-
-// newLease returns a fresh lease value: the lease header byte and 16
-// random bytes.
-func newLease() string {
-	var b [17]byte
-	b[0] = codec.HeaderLease
-	crand.Read(b[1:])
-	return string(b[:])
-}
 
 // acquireScript writes the lease ARGV[1] for ARGV[2] ms where the key holds
 // nothing, or holds exactly the lease ARGV[3] being taken over, and returns
@@ -377,8 +382,6 @@ return 1`)
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
-
-func (c *Cache[T]) leaseTTL() time.Duration { return c.loadTimeout + 2*c.redisTimeout }
 
 // storeArgs are the arguments of storeScript for a guarded write.
 func storeArgs(g guard, stored []byte, ttl time.Duration) []any {

@@ -336,16 +336,43 @@ func (e *env) suiteCost(ctx context.Context) error {
 	return e.missCost(ctx, inputs[0].raw, inputs[min(2, len(inputs)-1)].raw)
 }
 
+// suiteMiss is the cost suite's misses alone (see missCost), for the
+// channels of 1 KB and 128 KB the cost suite uses.
+func (e *env) suiteMiss(ctx context.Context) error {
+	var docs [][]byte
+	for _, s := range []int{1 << 10, 128 << 10} {
+		if e.cfg.quick && s > 10<<10 {
+			break
+		}
+		raw, err := json.Marshal(makeChannel(uint64(s), s))
+		if err != nil {
+			return err
+		}
+		docs = append(docs, raw)
+	}
+	return e.missCost(ctx, docs...)
+}
+
+// handLeaseStore stores ARGV[2] for ARGV[3] ms only if the key holds the
+// lease ARGV[1]: the by-hand miss's store, as a cache that keeps writes
+// made during a load must make it.
+var handLeaseStore = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1`)
+
 // missCost measures a read-through miss: GetOrLoad of an absent key whose
 // loader returns at once, against the same done by hand (GET, then SET of
-// the same bytes packcache stores). The difference is the lease: one more
-// round trip, and the store by a script. rueidis does the same by hand
-// with DoCache, and rueidisaside with its Get and a loader.
+// the same bytes packcache stores), and by hand with a lease as packcache
+// takes it (SET NX GET, then a script that stores only over the lease):
+// the same two round trips, the store a script. rueidis does the
+// lease-less one by hand with DoCache, and rueidisaside its own with its
+// Get and a loader.
 func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
-	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(Off), default codec; against go-redis GET (a miss) then zstd-compressing and SETting the same bytes, by hand; the same by hand with rueidis (%s), its GET a DoCache (client-side caching); and rueidisaside's Get with a loader that returns the same compressed bytes at once. µs: median (min–max) of %d runs, the subjects' runs interleaved. Commands per miss: INFO commandstats delta of the last run (INFO and rueidis's background PINGs left out). "+
+	e.header("cost: misses", fmt.Sprintf("A read-through miss: GetOrLoad of an absent key (a new key each time), loader returning at once, packcache.Cache[[]byte], WithShareWindow(Off), default codec; against go-redis GET (a miss) then zstd-compressing and SETting the same bytes, by hand; the same by hand with a lease in two round trips (SET key lease NX GET PX, compress, then a script that stores only over that lease); the same by hand with rueidis (%s), its GET a DoCache (client-side caching); and rueidisaside's Get with a loader that returns the same compressed bytes at once. µs: median (min–max) of %d runs, the subjects' runs interleaved. Commands per miss: INFO commandstats delta of the last run (INFO and rueidis's background PINGs left out). "+
 		"Round trips per miss are the commands the client sent and waited for: a script's own GET and SET calls are counted inside it, not as round trips; rueidis sends DoCache's CLIENT CACHING YES, MULTI, PTTL, GET and EXEC in one write, one round trip (counted by its EXEC).", rueidisVersion(), e.cfg.reps))
-	fmt.Fprintln(e.out, "| value | subject | N | µs per miss | round trips per miss | commands (per miss) | ratio to by-hand | ratio to packcache |")
-	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|---|--:|--:|")
+	fmt.Fprintln(e.out, "| value | subject | N | µs per miss | round trips per miss | commands (per miss) | ratio to by-hand | ratio to by-hand with a lease | ratio to packcache |")
+	fmt.Fprintln(e.out, "|---|---|--:|--:|--:|---|--:|--:|--:|")
 	for di, doc := range docs {
 		c, err := packcache.New[[]byte](e.rdb, packcache.WithShareWindow(packcache.Off))
 		if err != nil {
@@ -371,6 +398,23 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 			}
 			return e.rdb.Set(ctx, k, stored, time.Hour).Err()
 		}
+		var leaseSeq atomic.Uint64
+		handLease := func() error {
+			k := e.key("miss", "handlease", fmt.Sprint(di), next())
+			lease := fmt.Sprintf("\x0chand%012d", leaseSeq.Add(1))
+			if err := e.rdb.SetArgs(ctx, k, lease, redis.SetArgs{Mode: "NX", Get: true, TTL: 3 * time.Second}).Err(); err != redis.Nil {
+				return fmt.Errorf("by hand: SET NX GET of an absent key: %v", err)
+			}
+			stored, err := codec.AppendValue(nil, codec.Zstd, doc)
+			if err != nil {
+				return err
+			}
+			n, err := handLeaseStore.Run(ctx, e.rdb, []string{k}, lease, stored, time.Hour.Milliseconds()).Int()
+			if err == nil && n != 1 {
+				err = errors.New("by hand: the store found no lease")
+			}
+			return err
+		}
 		rm, err := newRueidisMisses(ctx, e, di, doc, next)
 		if err != nil {
 			c.Close()
@@ -387,9 +431,13 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 		scripts := func(c map[string]int64) int64 { return c["evalsha"] + c["eval"] }
 		subs := []*subj{
 			{name: "by hand: GET, compress, SET", f: hand, trips: func(c map[string]int64) int64 { return c["get"] + c["set"] }},
-			// Each of packcache's lease scripts makes one GET and one
-			// SET of its own inside Redis.
+			// packcache's read places the lease (SET NX GET); its store
+			// script makes one GET and one SET of its own inside Redis.
 			{name: "packcache GetOrLoad", f: pc, trips: func(c map[string]int64) int64 { return c["get"] + c["set"] - scripts(c) }},
+			// The same two round trips by hand: the lease by SET NX
+			// GET, then a script that stores only over it (one GET and
+			// one SET of its own).
+			{name: "by hand with a lease: SET NX GET PX, compress, store script", f: handLease, trips: func(c map[string]int64) int64 { return c["get"] + c["set"] - scripts(c) }},
 			{name: "rueidis by hand: DoCache GET, compress, SET", f: rm.hand, trips: func(c map[string]int64) int64 { return c["exec"] + c["set"] }},
 			// DoCache's GET (its EXEC), the lock (SET NX GET PX), and
 			// the script that stores the value, which makes a GET and
@@ -438,7 +486,7 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 		}
 		c.Close()
 		rm.close()
-		base, pcMed := spreadOf(subs[0].ts).med, spreadOf(subs[1].ts).med
+		base, pcMed, leaseMed := spreadOf(subs[0].ts).med, spreadOf(subs[1].ts).med, spreadOf(subs[2].ts).med
 		for _, s := range subs {
 			var names []string
 			for name, v := range s.cmds {
@@ -446,10 +494,10 @@ func (e *env) missCost(ctx context.Context, docs ...[]byte) error {
 			}
 			slices.Sort(names)
 			sp := spreadOf(s.ts)
-			fmt.Fprintf(e.out, "| %s | %s | %d | %s | %.2f | %s | %.2f | %.2f |\n", human(len(doc)), s.name, n, sp.us(), float64(s.trips(s.cmds))/float64(n), strings.Join(names, ", "), sp.med/base, sp.med/pcMed)
+			fmt.Fprintf(e.out, "| %s | %s | %d | %s | %.2f | %s | %.2f | %.2f | %.2f |\n", human(len(doc)), s.name, n, sp.us(), float64(s.trips(s.cmds))/float64(n), strings.Join(names, ", "), sp.med/base, sp.med/leaseMed, sp.med/pcMed)
 		}
 	}
-	fmt.Fprintf(e.out, "\n%s every subject stores the same compressed bytes (packcache's stored format) and returns the loaded value without decoding it, but only packcache and rueidisaside lock the key for the load, and differently: packcache's lease is a token of each load's own with an expiry, and readers waiting for a load poll; rueidisaside's lock is its client's id (a key rueidisid:… of its own, SET on its first miss and refreshed every ClientTTL/2, tells others the client is alive; ClientTTL is %v here, not the default 10 s, so that no refresh falls in another subject's counts), and readers waiting for a load wait for the key's invalidation. Both store only if their lock is still in the key (a script), so a write made meanwhile wins. The by-hand rows take no lock. rueidis's DoCache GET also has Redis track the key for the client, which sends an invalidation when the value is stored.\n", notLikeForLike, asideClientTTL)
+	fmt.Fprintf(e.out, "\n%s every subject stores the same compressed bytes (packcache's stored format) and returns the loaded value without decoding it, but only packcache, the by-hand row with a lease and rueidisaside lock the key for the load, and differently: packcache's lease is a token of each load's own with an expiry, and readers waiting for a load poll; rueidisaside's lock is its client's id (a key rueidisid:… of its own, SET on its first miss and refreshed every ClientTTL/2, tells others the client is alive; ClientTTL is %v here, not the default 10 s, so that no refresh falls in another subject's counts), and readers waiting for a load wait for the key's invalidation. Both store only if their lock is still in the key (a script), so a write made meanwhile wins. The other by-hand rows take no lock. rueidis's DoCache GET also has Redis track the key for the client, which sends an invalidation when the value is stored.\n", notLikeForLike, asideClientTTL)
 	return nil
 }
 
@@ -598,6 +646,7 @@ type surgeResult struct {
 	p50, p99 time.Duration
 	gets     int64
 	sets     int64
+	scripts  int64 // EVALSHA and EVAL calls
 	loads    int64
 	decodes  int64
 	peakHeap uint64 // growth of heap objects bytes over the pre-surge level (after a GC), peak sampled during the surge
@@ -676,6 +725,7 @@ func (e *env) runSurge(ctx context.Context, n int, f func() error) (surgeResult,
 	}
 	r.gets = after["get"] - before["get"]
 	r.sets = after["set"] - before["set"]
+	r.scripts = after["evalsha"] - before["evalsha"] + after["eval"] - before["eval"]
 	slices.Sort(lat)
 	r.p50, r.p99 = lat[n/2], lat[n*99/100]
 	r.errs = errs.Load()
