@@ -410,6 +410,12 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], lease bo
 		}
 		return err
 	})
+	if rp.lease != "" && rp.err == nil && rp.s == rp.lease {
+		// A try of this read that ran out of its budget while the node
+		// answered (roundTrip makes such a read again) placed the lease:
+		// it is this read's own.
+		rp.s, rp.err = "", redis.Nil
+	}
 	rp.placed = rp.lease != "" && rp.err == redis.Nil
 	return rp
 }
