@@ -391,18 +391,13 @@ func (s *Server) close() error {
 }
 
 // kill ends the server with SIGKILL.
-func (s *Server) kill() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mini != nil {
-		s.mini.Close()
-		s.miniUp = false
-		return nil
-	}
-	return s.endLocked(true)
-}
+func (s *Server) kill() error { return s.end(true) }
 
-func (s *Server) stop() error {
+func (s *Server) stop() error { return s.end(false) }
+
+// end stops the server (kill: with SIGKILL at once), or closes the
+// listener of the miniredis fallback.
+func (s *Server) end(kill bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mini != nil {
@@ -410,7 +405,7 @@ func (s *Server) stop() error {
 		s.miniUp = false
 		return nil
 	}
-	return s.stopLocked()
+	return s.endLocked(kill)
 }
 
 // restart restarts the server and, for a cluster node whose peers are all
