@@ -408,7 +408,14 @@ func (e *dialError) Error() string {
 	return fmt.Sprintf("%v (then: %v)", e.d.err, e.err)
 }
 
-func (e *dialError) Unwrap() []error { return []error{e.d.err, e.err} }
+func (e *dialError) Unwrap() []error {
+	if errors.Is(e.err, context.Canceled) {
+		// The call was ended by the refusal itself (ticks.abort): the
+		// refusal is the whole story, not a cancellation.
+		return []error{e.d.err}
+	}
+	return []error{e.d.err, e.err}
+}
 
 // circuitOpen is the error of a call that did not try key's node because
 // its breaker, b, is open: it names the refused connection that opened

@@ -136,15 +136,17 @@ func (db *database) Load(ctx context.Context, key string) (Channel, error) {
 	return db.docs[i], nil
 }
 
-// getCounter is a go-redis hook counting the GET commands sent to Redis,
-// alone or in pipelines. It works on any Redis, miniredis included.
+// getCounter is a go-redis hook counting the reads sent to Redis, alone or
+// in pipelines: GETs, and the SET ... NX GET with which a read-through
+// cache reads a key and places its lease in one command. It works on any
+// Redis, miniredis included.
 type getCounter struct{ n atomic.Int64 }
 
 func (h *getCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *getCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "get" {
+		if isRead(cmd) {
 			h.n.Add(1)
 		}
 		return next(ctx, cmd)
@@ -154,12 +156,28 @@ func (h *getCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *getCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if cmd.Name() == "get" {
+			if isRead(cmd) {
 				h.n.Add(1)
 			}
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// isRead reports whether cmd reads a key's value: a GET, or a SET with
+// the GET option.
+func isRead(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "get":
+		return true
+	case "set":
+		for _, a := range cmd.Args()[3:] {
+			if s, ok := a.(string); ok && strings.EqualFold(s, "get") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 type config struct {
