@@ -272,7 +272,7 @@ func (c *Cache[T]) fetchDictionary(p *policy[T], id uint32) *dictEntry {
 	key := codec.DictionaryKey(id)
 	e := &dictEntry{id: id}
 	var b []byte
-	err := c.roundTrip(c.life.ctx, "get", key, p, func(ctx context.Context) (err error) {
+	err := c.roundTrip(c.life.ctx, "get", key, p, true, func(ctx context.Context) (err error) {
 		b, err = c.rdb.GetRange(ctx, key, 0, codec.MaxDictionarySize).Bytes()
 		return err
 	})

@@ -259,7 +259,7 @@ func (c *Cache[T]) dropLease(ctx context.Context, key, lease string) {
 	go func() {
 		defer c.life.exit()
 		var cmd *redis.Cmd
-		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), func(ctx context.Context) error {
+		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), false, func(ctx context.Context) error {
 			cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
 			if isNoScript(cmd.Err()) {
 				cmd = runScript(ctx, c.rdb, releaseScript, false, key, lease)

@@ -318,8 +318,10 @@ func WithLoadTimeout(d time.Duration) Option {
 // node since the call began while a command written to it waited at
 // least half the budget. Otherwise this process was too busy to make the
 // call in time (a CPU, a connection, a dial): the call is late, its error
-// says so, and a read is made once more with a budget of its own. A
-// refused connection is a failure at once.
+// says so, and a read, or the plain SET of a Set and DEL of a Delete, is
+// made again with a budget of its own, while the caller's context lasts
+// and for at most the load timeout. A refused connection is a failure at
+// once.
 //
 // The budget reaches the network only if the client honours context
 // deadlines: New fails for a go-redis client whose ContextTimeoutEnabled

@@ -401,7 +401,7 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], lease bo
 	if lease && c.canSetGet(ctx, key) {
 		rp.lease = c.newLease()
 	}
-	rp.err = c.roundTrip(ctx, "get", key, p, func(ctx context.Context) error {
+	rp.err = c.roundTrip(ctx, "get", key, p, true, func(ctx context.Context) error {
 		err := c.read(ctx, key, p, &rp)
 		if rp.lease != "" && setGetRefused(err) {
 			c.refuseSetGet(ctx, key)

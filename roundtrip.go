@@ -207,11 +207,13 @@ func refused(err error) bool {
 // node's breaker is open and it was not tried).
 //
 // The call first waits, under ctx alone, for one of the node's slots (see
-// breaker.enter); its budget begins once it has one. A read that ran out
-// of its budget while the node answered other calls (judged late: see
-// judgeCall) is made again, each time with a budget of its own, for up to
-// the load timeout or until ctx ends.
-func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], f func(context.Context) error) error {
+// breaker.enter); its budget begins once it has one. A repeatable call (a
+// read, or a write whose second copy changes nothing: SET, DEL; never a
+// script whose reply tells what it did) that ran out of its budget while
+// the node answered other calls (judged late: see judgeCall) is made
+// again, each time with a budget of its own, for up to the load timeout
+// or until ctx ends.
+func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], repeatable bool, f func(context.Context) error) error {
 	b := c.node(ctx, key)
 	if err := b.enter(ctx, c.life.ctx.Done()); err != nil {
 		return keyErr(op, key, err)
@@ -229,10 +231,11 @@ func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], 
 		o, err := c.judgeCall(ctx, bud, b, op, key, f(bud))
 		bud.end()
 		b.feed(o)
-		if o == late && op == "get" && c.life.ctx.Err() == nil && time.Since(first) < c.loadTimeout {
-			// Redis is fine and a read can be made again: loading instead
-			// would send the surge this process cannot keep up with to
-			// the database. The caller waits under its own context.
+		if o == late && repeatable && c.life.ctx.Err() == nil && time.Since(first) < c.loadTimeout {
+			// Redis is fine and the call can be made again: failing it
+			// would send a read's surge, which this process cannot keep
+			// up with, to the database, and make a write pending. The
+			// caller waits under its own context.
 			continue
 		}
 		if (o == failed || o == refusedConn) && err != nil && err != redis.Nil {
@@ -271,7 +274,7 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 	case len(keys) == 0:
 		return errs
 	case len(keys) == 1 && single:
-		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), func(ctx context.Context) error {
+		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), false, func(ctx context.Context) error {
 			cmd := queue(ctx, c.rdb, 0, true)
 			if isNoScript(cmd.Err()) {
 				cmd = queue(ctx, c.rdb, 0, false)

@@ -99,7 +99,7 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 func (c *Cache[T]) del(ctx context.Context, key string) error {
 	p := c.policy(key)
 	held := c.owed.hold(ctx, key)
-	err := c.roundTrip(ctx, "delete", key, p, func(ctx context.Context) error {
+	err := c.roundTrip(ctx, "delete", key, p, true, func(ctx context.Context) error {
 		return c.rdb.Del(ctx, key).Err()
 	})
 	if held {
@@ -243,7 +243,7 @@ func redisTTL(ttl time.Duration) time.Duration {
 // which overwrites any value and any lease, so that no load begun before
 // it can store its value afterwards (see the leases below).
 func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []byte, ttl time.Duration) error {
-	err := c.roundTrip(ctx, "set", key, p, func(ctx context.Context) error {
+	err := c.roundTrip(ctx, "set", key, p, true, func(ctx context.Context) error {
 		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
 	})
 	if err == nil {
