@@ -1,6 +1,8 @@
 package packcache
 
 import (
+	"github.com/packcache/packcache/internal/breaker"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,9 +45,9 @@ type Cache[T any] struct {
 	serveError   ServeErrorFunc
 	obs          Observer // nil: none
 	base         *policy[T]
-	prefixes     []*policy[T] // longest prefix first
-	dicts        dictSet      // zstd dictionaries: the policies' own and those fetched from Redis (dict.go)
-	nodes        *nodes
+	prefixes     []*policy[T]   // longest prefix first
+	dicts        dictSet        // zstd dictionaries: the policies' own and those fetched from Redis (dict.go)
+	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
 
 	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
 	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
@@ -62,8 +64,6 @@ type Cache[T any] struct {
 	inv      *invalidator
 	marks    marks
 	nearOnce sync.Once
-
-	hub *hub // where the client's connections report to nodes (conn.go)
 }
 
 // needsPTTL reports whether a read of a key under p must learn the time the
@@ -175,7 +175,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		onError:      cfg.errorHandler,
 		serveError:   cfg.serveError,
 		obs:          cfg.observer,
-		nodes:        newNodes(rdb, cfg.breaker, cfg.observer, cfg.redisTimeout),
+		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 	}
 	for _, g := range []*group[result[T], flight[T]]{&c.lookups, &c.reads} {
 		g.window, g.life = int64(cfg.shareWindow), &c.life
@@ -199,7 +199,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	if err := c.startNear(rdb, cfg); err != nil {
 		return nil, err
 	}
-	c.hub = watchDials(rdb, c.nodes)
+	c.nodes.Watch(rdb)
 	return c, nil
 }
 
@@ -345,7 +345,7 @@ func (c *Cache[T]) Close() error {
 		c.life.once.Do(func() { close(c.life.idle) })
 	}
 	defer c.closeNear()
-	defer c.hub.remove(c.nodes)
+	defer c.nodes.Close()
 	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
 	defer t.Stop()
 	select {

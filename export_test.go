@@ -18,12 +18,7 @@ func HoldGates[T any](c *Cache[T]) (release func()) {
 // SlotWaiters returns how many of c's calls wait for a connection to a
 // node (see breaker.enter), over every node.
 func SlotWaiters[T any](c *Cache[T]) int64 {
-	n := c.nodes.one.waiting.Load()
-	c.nodes.byAddr.Range(func(_, b any) bool {
-		n += b.(*breaker).waiting.Load()
-		return true
-	})
-	return n
+	return c.nodes.Waiting()
 }
 
 // LoadsUnderWay is the number of c's loads and refreshes under way (by

@@ -196,8 +196,8 @@ func (c *Cache[T]) retryElsewhere(ctx context.Context, keys, keeps []string, don
 // any.
 func (c *Cache[T]) probeElsewhere(ctx context.Context, keys, keeps []string, ran []bool) (sent bool) {
 	p := &c.peers
-	bud := c.budget(ctx, nil)
-	defer bud.end()
+	bud := c.nodes.Budget(ctx, nil)
+	defer bud.End()
 	// The keys left, by the master the client maps their slots to.
 	byMaster := map[string][]int{}
 	for i, k := range keys {

@@ -1,6 +1,8 @@
 package packcache
 
 import (
+	"github.com/packcache/packcache/internal/breaker"
+
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
@@ -175,8 +177,7 @@ func maybeRan(err error) bool {
 	if errors.As(err, &re) {
 		return false
 	}
-	var de *dialError
-	return !errors.As(err, &de) && !refused(err)
+	return !breaker.NotSent(err)
 }
 
 // A leaseBook is what a cache remembers of leases beyond a load: the tokens of
@@ -196,7 +197,7 @@ type leaseBook struct {
 	// GET with an error reply, with when to try it again (unix
 	// nanoseconds): until then, reads of their keys are plain GETs and a
 	// miss takes the lease by script. any says whether it holds any.
-	noSetGet sync.Map // *breaker -> int64
+	noSetGet sync.Map // *breaker.Node -> int64
 	any      atomic.Bool
 }
 
@@ -294,16 +295,10 @@ func setGetRefused(err error) bool {
 	if !errors.As(err, &re) {
 		return false
 	}
-	msg := re.Error()
-	if strings.HasPrefix(msg, "WRONGTYPE") {
+	if strings.HasPrefix(re.Error(), "WRONGTYPE") {
 		return false // the key's own: a GET gets it too
 	}
-	for _, p := range unavailableReplies {
-		if strings.HasPrefix(msg, p) {
-			return false
-		}
-	}
-	return true
+	return !breaker.Unavailable(re)
 }
 
 // canSetGet reports whether reads of key may place a lease with SET NX
@@ -313,13 +308,13 @@ func (c *Cache[T]) canSetGet(ctx context.Context, key string) bool {
 	if !c.leases.any.Load() {
 		return true
 	}
-	v, ok := c.leases.noSetGet.Load(c.nodes.forKey(ctx, key))
+	v, ok := c.leases.noSetGet.Load(c.nodes.ForKey(ctx, key))
 	return !ok || time.Now().UnixNano() >= v.(int64)
 }
 
 // refuseSetGet notes that key's node refused SET NX GET.
 func (c *Cache[T]) refuseSetGet(ctx context.Context, key string) {
-	c.leases.noSetGet.Store(c.nodes.forKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
+	c.leases.noSetGet.Store(c.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
 	c.leases.any.Store(true)
 }
 

@@ -1,6 +1,8 @@
 package packcache
 
 import (
+	"github.com/packcache/packcache/internal/breaker"
+
 	"errors"
 	"time"
 
@@ -145,11 +147,11 @@ func (c *Cache[T]) observeLoad(p *policy[T], keys int, start time.Time, err erro
 // On a Cluster it also asks go-redis to reload its map of the slots: a
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
-func (c *Cache[T]) redisFailed(p *policy[T], b *breaker, err error) {
+func (c *Cache[T]) redisFailed(p *policy[T], b *breaker.Node, err error) {
 	p.stats.redisErrors.Add(1)
 	c.peers.stale()
 	if c.obs != nil {
-		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.addr, Err: err})
+		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})
 	}
 }
 
@@ -173,4 +175,18 @@ func (c *Cache[T]) observePending(p *policy[T]) {
 	if c.obs != nil {
 		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: c.owed.count()})
 	}
+}
+
+// breakerEvents tells an Observer of the breakers opening and closing.
+type breakerEvents struct{ obs Observer }
+
+func (e breakerEvents) BreakerChanged(addr string, open bool) {
+	if e.obs == nil {
+		return
+	}
+	state := "closed"
+	if open {
+		state = "open"
+	}
+	e.obs.ObserveRedis(RedisEvent{Node: addr, Breaker: state})
 }

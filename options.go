@@ -1,6 +1,8 @@
 package packcache
 
 import (
+	"github.com/packcache/packcache/internal/breaker"
+
 	"context"
 	"errors"
 	"fmt"
@@ -159,18 +161,13 @@ type config struct {
 	errorHandler func(ctx context.Context, key string, err error)
 	serveError   ServeErrorFunc // WithServeError (serve.go); nil: the status text
 	lockWait     time.Duration
-	breaker      breakerConfig
+	breaker      breaker.Config
 	observer     Observer
 	envNamespace string              // WithEnv: "" when unset
 	envSet       map[string][]string // WithEnv: the variables set, by prefix ("" for the base)
 }
 
-var defaultBreaker = breakerConfig{failures: 5, cooldown: time.Second}
-
-type breakerConfig struct {
-	failures int           // consecutive failures that open it; 0 disables
-	cooldown time.Duration // how long it stays open before a probe
-}
+var defaultBreaker = breaker.Config{Failures: 5, Cooldown: time.Second}
 
 func defaultConfig() config {
 	return config{
@@ -430,19 +427,19 @@ func WithLock(wait time.Duration) Option {
 // breaker at once, whatever the count.
 func WithCircuitBreaker(failures int, cooldown time.Duration) Option {
 	return func(cfg *config) error {
-		b := breakerConfig{failures, cooldown} // not the arguments: an Option may be applied twice
+		b := breaker.Config{Failures: failures, Cooldown: cooldown} // not the arguments: an Option may be applied twice
 		switch {
 		case failures == Off:
-			cfg.breaker = breakerConfig{}
+			cfg.breaker = breaker.Config{}
 			return nil
 		case failures == 0:
-			b.failures = defaultBreaker.failures
+			b.Failures = defaultBreaker.Failures
 		case failures < 0:
 			return fmt.Errorf("WithCircuitBreaker: failures %d is neither a count nor Off", failures)
 		}
 		switch {
 		case cooldown == 0:
-			b.cooldown = defaultBreaker.cooldown
+			b.Cooldown = defaultBreaker.Cooldown
 		case cooldown < 0:
 			return fmt.Errorf("WithCircuitBreaker: cooldown %v is negative", cooldown)
 		}

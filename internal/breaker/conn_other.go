@@ -1,6 +1,6 @@
 //go:build !unix
 
-package packcache
+package breaker
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package packcache
+package breaker
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // What the cache learns from the connections themselves. A call that ran
 // out of its budget may have waited on Redis, or on this process: for a
 // CPU among thousands of goroutines, for a pooled connection, for a dial.
-// Only the first is a failure of Redis's (see judgeCall). The connections
+// Only the first is a failure of Redis's (see Judge). The connections
 // tell them apart: New adds dialHook to the client, which wraps each
 // connection the client makes so that its node learns when bytes last
 // came back from Redis and since when a command written to it has had no
@@ -32,7 +32,7 @@ import (
 // registered then. Hubs are kept by client, in hubs.
 type hub struct {
 	mu     sync.Mutex
-	caches atomic.Pointer[[]*nodes] // replaced, never changed in place
+	caches atomic.Pointer[[]*Nodes] // replaced, never changed in place
 }
 
 // hubs maps a client (weakly: a client no one holds is dropped) to its hub.
@@ -53,10 +53,10 @@ func hubFor[C any](c *C, hook func(*hub)) *hub {
 	return h.(*hub)
 }
 
-func (h *hub) add(n *nodes) {
+func (h *hub) add(n *Nodes) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var cur []*nodes
+	var cur []*Nodes
 	if p := h.caches.Load(); p != nil {
 		cur = *p
 	}
@@ -64,14 +64,14 @@ func (h *hub) add(n *nodes) {
 	h.caches.Store(&next)
 }
 
-func (h *hub) remove(n *nodes) {
+func (h *hub) remove(n *Nodes) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	p := h.caches.Load()
 	if p == nil {
 		return
 	}
-	next := slices.DeleteFunc(slices.Clone(*p), func(m *nodes) bool { return m == n })
+	next := slices.DeleteFunc(slices.Clone(*p), func(m *Nodes) bool { return m == n })
 	h.caches.Store(&next)
 }
 
@@ -79,9 +79,9 @@ func (h *hub) remove(n *nodes) {
 // client's hub for a single-node or Cluster client (on a Cluster, each
 // node's client is hooked as the cluster makes it), or through a hook of
 // n's own for a client of another kind. Connections the client made
-// before its first cache was made are not watched: see judgeCall. Close
+// before its first cache was made are not watched: see Judge. Close
 // ends the reports (hub.remove).
-func watchDials(rdb redis.UniversalClient, n *nodes) *hub {
+func watchDials(rdb redis.UniversalClient, n *Nodes) *hub {
 	var h *hub
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
@@ -110,7 +110,7 @@ func (d dialHook) DialHook(next redis.DialHook) redis.DialHook {
 		}
 		if err != nil {
 			f := &dialFailure{addr: addr, err: err, at: time.Now().UnixNano()}
-			if b, ok := ctx.Value(budgetKey{}).(*budget); ok {
+			if b, ok := ctx.Value(budgetKey{}).(*Budget); ok {
 				b.dialed.Store(f)
 			}
 			for _, n := range *p {
@@ -118,7 +118,7 @@ func (d dialHook) DialHook(next redis.DialHook) redis.DialHook {
 			}
 			return conn, err
 		}
-		watchers := make([]*breaker, len(*p))
+		watchers := make([]*Node, len(*p))
 		for i, n := range *p {
 			watchers[i] = n.forAddr(addr)
 		}
@@ -137,7 +137,7 @@ func (dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 // a command.
 type watchedConn struct {
 	net.Conn
-	nodes  []*breaker
+	nodes  []*Node
 	closed atomic.Bool
 }
 
@@ -197,7 +197,7 @@ func (c watchedSysConn) Close() error {
 	return c.watchedConn.Close()
 }
 
-func watch(conn net.Conn, nodes []*breaker) net.Conn {
+func watch(conn net.Conn, nodes []*Node) net.Conn {
 	for _, b := range nodes {
 		b.watched.Add(1)
 	}

@@ -1,0 +1,235 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is a breaker's rule: Failures consecutive failures open it
+// (0: never), for Cooldown.
+type Config struct {
+	Failures int
+	Cooldown time.Duration
+}
+
+// A Notifier is told when a node's breaker opens or closes, in the order
+// it does. addr is "" on a single-node client.
+type Notifier interface {
+	BreakerChanged(addr string, open bool)
+}
+
+// ErrClosing is what Enter returns when the closing channel it was given
+// closes first.
+var ErrClosing = errors.New("breaker: closing")
+
+// A Node is one Redis node as the cache sees it: its breaker, what its
+// connections saw, the shared ends of its calls' budgets, and its slots.
+type Node struct {
+	mu        sync.Mutex // orders openings and closings, so the notifier sees them in order
+	cfg       Config
+	addr      string   // the node's address, for the notifier; "" on a single node
+	notify    Notifier // nil: nobody
+	failures  atomic.Int64
+	openUntil atomic.Int64 // unix nanoseconds; 0 when closed
+	probeAt   atomic.Int64 // unix nanoseconds the probe began; 0 when none
+
+	// What the node's connections saw (conn.go), in unix nanoseconds:
+	// when a read last returned bytes, and when the first command written
+	// since then was written (0: none is waiting).
+	lastRead   atomic.Int64
+	unanswered atomic.Int64
+	refusal    atomic.Pointer[dialFailure] // the latest dial to the node that failed
+
+	watched atomic.Int64                 // the node's connections that report (conn.go)
+	pool    atomic.Pointer[redis.Client] // the node's client, for its pool's size; nil: unknown
+	opened  atomic.Int64                 // unix nanoseconds the breaker last opened
+
+	ticks   ticks         // the shared ends of the budgets of calls to the node
+	slots   chan struct{} // one per call in flight to the node; nil: no bound
+	waiting atomic.Int64  // calls waiting for a slot
+}
+
+// Addr is the node's address: "" on a single-node client.
+func (b *Node) Addr() string { return b.addr }
+
+// Enter waits for one of the node's slots, so that no more calls ask the
+// client for a connection to the node than its pool holds: the thousands
+// of a surge wait here, where waiting is not charged to their budgets,
+// rather than in the pool. It returns ctx's error if ctx ends first, or
+// ErrClosing if closing closes first. A call that enters leaves.
+func (b *Node) Enter(ctx context.Context, closing <-chan struct{}) error {
+	if b.slots == nil {
+		return nil
+	}
+	select {
+	case b.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
+	select {
+	case b.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-closing:
+		return ErrClosing
+	}
+}
+
+// Leave gives back the slot Enter took.
+func (b *Node) Leave() {
+	if b.slots != nil {
+		<-b.slots
+	}
+}
+
+// Waiting is the number of calls waiting in Enter.
+func (b *Node) Waiting() int64 { return b.waiting.Load() }
+
+// Allow reports whether a call may try the node: the breaker is closed,
+// or it is half open and this call is the probe.
+func (b *Node) Allow() bool {
+	until := b.openUntil.Load()
+	if until == 0 {
+		return true
+	}
+	now := time.Now().UnixNano()
+	if now < until {
+		return false
+	}
+	// Half open: one probe at a time. A probe that never reported (its
+	// caller gave up first) is replaced after a cool-down.
+	p := b.probeAt.Load()
+	if p != 0 && now-p < int64(b.cfg.Cooldown) {
+		return false
+	}
+	return b.probeAt.CompareAndSwap(p, now)
+}
+
+// OpenCause is the refused connection that opened the breaker, if one
+// did in its latest opening; nil otherwise.
+func (b *Node) OpenCause() error {
+	if r := b.refusal.Load(); r != nil && Refused(r.err) && r.at >= b.opened.Load()-int64(b.cfg.Cooldown) {
+		return r.err
+	}
+	return nil
+}
+
+// Feed tells the breaker what a call's outcome says of its node.
+func (b *Node) Feed(o Outcome) {
+	switch o {
+	case Healthy:
+		b.success()
+	case Failed:
+		b.failure()
+	case RefusedConn:
+		b.trip()
+	}
+}
+
+func (b *Node) success() {
+	if b.failures.Load() != 0 {
+		b.failures.Store(0)
+	}
+	if b.openUntil.Load() != 0 {
+		b.mu.Lock()
+		if b.openUntil.Swap(0) != 0 {
+			b.probeAt.Store(0)
+			b.changed(false)
+		}
+		b.mu.Unlock()
+	}
+}
+
+func (b *Node) failure() {
+	if b.cfg.Failures <= 0 {
+		return
+	}
+	if n := b.failures.Add(1); n >= int64(b.cfg.Failures) || b.openUntil.Load() != 0 {
+		b.open()
+	}
+}
+
+// trip opens the breaker at once, for a failure that leaves no doubt: a
+// refused connection.
+func (b *Node) trip() {
+	if b.cfg.Failures <= 0 {
+		return
+	}
+	b.failures.Store(int64(b.cfg.Failures))
+	b.open()
+}
+
+// open opens the breaker for a cool-down from now, or, if it is open,
+// starts its cool-down again.
+func (b *Node) open() {
+	b.mu.Lock()
+	now := time.Now()
+	old := b.openUntil.Swap(now.Add(b.cfg.Cooldown).UnixNano())
+	if old == 0 {
+		b.opened.Store(now.UnixNano())
+	}
+	b.probeAt.Store(0)
+	if old == 0 {
+		b.changed(true)
+	}
+	b.mu.Unlock()
+}
+
+func (b *Node) changed(open bool) {
+	if b.notify != nil {
+		b.notify.BreakerChanged(b.addr, open)
+	}
+}
+
+// refusedDial notes a dial to the node that failed; a refused one opens
+// the breaker and ends the node's calls under way (see ticks.abort).
+func (b *Node) refusedDial(f *dialFailure) {
+	b.refusal.Store(f)
+	if Refused(f.err) {
+		b.trip()
+		b.ticks.abort()
+	}
+}
+
+// answered notes a reply from the node at now: it is alive, and nothing
+// written to it before now is waiting on a dead node.
+func (b *Node) answered(now int64) {
+	b.lastRead.Store(now)
+	if b.unanswered.Load() != 0 {
+		b.unanswered.Store(0)
+	}
+}
+
+// asked notes a command written to the node at now.
+func (b *Node) asked(now int64) {
+	if b.unanswered.Load() == 0 {
+		b.unanswered.CompareAndSwap(0, now)
+	}
+}
+
+// unresponsive reports whether the node, rather than this process, is what
+// a call under bud waited on: nothing came back from it since the call
+// began, and a command has waited on it for at least half the budget.
+//
+// Only watched connections tell: if the node's pool holds connections
+// made before the cache was (unwatched), the call may have used one, and
+// an expiry with no reply from the node since the call began is taken as
+// the node's, as if nothing were watched.
+func (b *Node) unresponsive(bud *Budget) bool {
+	if b.lastRead.Load() >= bud.start.UnixNano() {
+		return false
+	}
+	if w := b.unanswered.Load(); w != 0 {
+		return w <= bud.deadline.UnixNano()-int64(bud.deadline.Sub(bud.start))/2
+	}
+	cl := b.pool.Load()
+	return cl == nil || int64(cl.PoolStats().TotalConns) > b.watched.Load()
+}
