@@ -27,6 +27,16 @@ import (
 //     cause (the refused dial, not only the budget running out);
 //   - the counters and the observer.
 
+// The operations Redis calls are made for, as errors name them. Reads
+// ("get") begin work; the others finish it, and are given a turn at a
+// node before reads (see breaker.Node.Enter).
+const (
+	opGet    = "get"
+	opSet    = "set"
+	opDelete = "delete"
+	opLease  = "lease"
+)
+
 // roundTrip makes one Redis call, f, for key under ctx: op names it in
 // errors ("get", "set", "delete", "lease"). f gets the budgeted context.
 // The error is nil, redis.Nil, an *Error holding ctx's own error when ctx
@@ -43,13 +53,14 @@ import (
 // or until ctx ends.
 func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], repeatable bool, f func(context.Context) error) error {
 	b := c.nodes.Find(ctx, key)
-	if err := b.Enter(ctx, c.life.ctx.Done()); err != nil {
+	slot, err := b.Enter(ctx, c.life.ctx.Done(), op != opGet)
+	if err != nil {
 		if err == breaker.ErrClosing {
 			err = ErrClosed
 		}
 		return keyErr(op, key, err)
 	}
-	defer b.Leave()
+	defer slot.Leave()
 	var first time.Time
 	for {
 		if op != opInvalidate && !b.Allow() {
@@ -94,7 +105,11 @@ func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, 
 	case len(keys) == 0:
 		return errs
 	case len(keys) == 1 && single:
-		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), false, func(ctx context.Context) error {
+		// A "set" (a plain SET, a store over a lease that also reports its
+		// own bytes found in place, a dictionary's publication) or a
+		// "delete" changes nothing when made twice: made again if late.
+		repeatable := op == opSet || op == opDelete
+		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), repeatable, func(ctx context.Context) error {
 			cmd := queue(ctx, c.rdb, 0, true)
 			if isNoScript(cmd.Err()) {
 				cmd = queue(ctx, c.rdb, 0, false)

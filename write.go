@@ -361,9 +361,13 @@ return false`)
 // key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
 // ARGV[2] (ARGV[1] = 'd') and, if ARGV[5] is not negative, whose time to
 // live is at most ARGV[5] ms (a write in between would have set it
-// anew). It returns 1 if it wrote, 0 if not.
+// anew). It returns 1 if it wrote, 0 if not; and 1, writing nothing, if
+// the key holds exactly ARGV[3] already: so a store made again, after a
+// first copy that ran but whose reply came too late, reports the store
+// the first one made.
 var storeScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[3] then return 1 end
 if ARGV[1] == 'l' then
   if cur ~= ARGV[2] then return 0 end
 elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then

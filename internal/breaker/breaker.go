@@ -51,42 +51,62 @@ type Node struct {
 
 	ticks   ticks         // the shared ends of the budgets of calls to the node
 	slots   chan struct{} // one per call in flight to the node; nil: no bound
+	reserve chan struct{} // slots only calls that finish work may take (see Enter); nil: none
 	waiting atomic.Int64  // calls waiting for a slot
 }
 
 // Addr is the node's address: "" on a single-node client.
 func (b *Node) Addr() string { return b.addr }
 
+// A Slot is a call's turn at a node, taken by Enter and given back by
+// Leave.
+type Slot struct{ ch chan struct{} }
+
+// Leave gives the slot back.
+func (s Slot) Leave() {
+	if s.ch != nil {
+		<-s.ch
+	}
+}
+
 // Enter waits for one of the node's slots, so that no more calls ask the
 // client for a connection to the node than its pool holds: the thousands
 // of a surge wait here, where waiting is not charged to their budgets,
 // rather than in the pool. It returns ctx's error if ctx ends first, or
 // ErrClosing if closing closes first. A call that enters leaves.
-func (b *Node) Enter(ctx context.Context, closing <-chan struct{}) error {
+//
+// A quarter of the slots are kept for calls that finish work (finishing):
+// a load's store, a lease's extension or release, a write. They take any
+// free slot, while calls that begin work (reads) take only the others. So
+// a surge of reads queued at the node cannot hold back the stores that
+// end the loads those reads wait for, nor the extensions that keep their
+// leases alive meanwhile: under overload, work under way ends first.
+func (b *Node) Enter(ctx context.Context, closing <-chan struct{}, finishing bool) (Slot, error) {
 	if b.slots == nil {
-		return nil
+		return Slot{}, nil
+	}
+	reserve := b.reserve
+	if !finishing {
+		reserve = nil // a nil channel: never ready
 	}
 	select {
 	case b.slots <- struct{}{}:
-		return nil
+		return Slot{b.slots}, nil
+	case reserve <- struct{}{}:
+		return Slot{reserve}, nil
 	default:
 	}
 	b.waiting.Add(1)
 	defer b.waiting.Add(-1)
 	select {
 	case b.slots <- struct{}{}:
-		return nil
+		return Slot{b.slots}, nil
+	case reserve <- struct{}{}:
+		return Slot{reserve}, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return Slot{}, ctx.Err()
 	case <-closing:
-		return ErrClosing
-	}
-}
-
-// Leave gives back the slot Enter took.
-func (b *Node) Leave() {
-	if b.slots != nil {
-		<-b.slots
+		return Slot{}, ErrClosing
 	}
 }
 

@@ -117,19 +117,29 @@ func TestRefusedConnTripsAtOnce(t *testing.T) {
 }
 
 func TestEnterBoundsCallsInFlight(t *testing.T) {
-	n := &Nodes{cfg: Config{Failures: 1}, pool: 1, step: 1}
+	n := &Nodes{cfg: Config{Failures: 1}, pool: 4, step: 1}
 	n.init(&n.one, "")
 	b := &n.one
-	if err := b.Enter(context.Background(), nil); err != nil {
-		t.Fatal(err)
+	var held []Slot
+	for range 3 { // the slots of calls that begin work
+		s, err := b.Enter(context.Background(), nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, s)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	closing := make(chan struct{})
 	errs := make(chan error, 2)
-	go func() { errs <- b.Enter(ctx, nil) }()
-	go func() { errs <- b.Enter(context.Background(), closing) }()
+	go func() { _, err := b.Enter(ctx, nil, false); errs <- err }()
+	go func() { _, err := b.Enter(context.Background(), closing, false); errs <- err }()
 	for n.Waiting() != 2 {
 		runtime.Gosched()
+	}
+	// A call that finishes work takes the slot kept for it while reads wait.
+	fin, err := b.Enter(context.Background(), nil, true)
+	if err != nil {
+		t.Fatal(err)
 	}
 	cancel()
 	if err := <-errs; !errors.Is(err, context.Canceled) {
@@ -139,10 +149,13 @@ func TestEnterBoundsCallsInFlight(t *testing.T) {
 	if err := <-errs; err != ErrClosing {
 		t.Fatalf("a waiter of a closing cache got %v", err)
 	}
-	b.Leave()
-	if err := b.Enter(ctx, nil); err != nil && b.Enter(context.Background(), nil) != nil {
-		t.Fatal("the slot was not given back")
+	fin.Leave()
+	held[0].Leave()
+	s, err := b.Enter(context.Background(), nil, false)
+	if err != nil {
+		t.Fatal(err)
 	}
+	s.Leave()
 }
 
 func TestJudge(t *testing.T) {

@@ -59,7 +59,11 @@ func (n *Nodes) init(b *Node, addr string) {
 	b.cfg, b.notify, b.addr = n.cfg, n.notify, addr
 	b.ticks.step = n.step
 	if n.pool > 0 {
-		b.slots = make(chan struct{}, n.pool)
+		r := n.pool / 4
+		b.slots = make(chan struct{}, n.pool-r)
+		if r > 0 {
+			b.reserve = make(chan struct{}, r)
+		}
 	}
 }
 
