@@ -245,11 +245,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 		keys = append(keys, k)
 		encs = append(encs, e)
 	}
-	defer func() {
-		for _, k := range keys {
-			c.forget(k)
-		}
-	}()
+	defer func() { c.changed(written, keys...) }()
 	held := c.owed.holdMany(ctx, keys)
 	for i, err := range c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		p := c.policy(keys[i])

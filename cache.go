@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/tracking"
 )
 
 // tombstone is the whole stored value that remembers a loader's
@@ -61,7 +62,7 @@ type Cache[T any] struct {
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
 	nears    []*near[T]
-	inv      *invalidator
+	tracker  *tracking.Tracker
 	marks    marks
 	nearOnce sync.Once
 }
@@ -195,7 +196,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 		}
 		c.prefixes = append(c.prefixes, p)
 	}
-	c.peers.watch(rdb) // before the near cache's invalidator meets the nodes
+	c.peers.watch(rdb) // before the near cache's tracker meets the nodes
 	if err := c.startNear(rdb, cfg); err != nil {
 		return nil, err
 	}
@@ -367,13 +368,13 @@ func (c *Cache[T]) Close() error {
 // closeNear stops the near caches' goroutines, once.
 func (c *Cache[T]) closeNear() {
 	c.nearOnce.Do(func() {
-		if c.inv != nil {
-			c.inv.close()
+		if c.tracker != nil {
+			c.tracker.Close()
 		}
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
 		}
-		c.flushNear()
+		c.changed(flushed)
 	})
 }
 
@@ -398,7 +399,7 @@ func (c *Cache[T]) Stats() Stats {
 	for _, n := range c.nears {
 		s.NearBytes += n.entries.WeightedSize()
 	}
-	s.NearServing = c.inv != nil && len(c.nears) > 0 && c.nears[0].gate.open()
+	s.NearServing = c.tracker != nil && len(c.nears) > 0 && c.nears[0].gate.Open()
 	o := &c.owed
 	o.mu.Lock() // the counts change under it: their identity holds
 	s.Pending, s.PendingKept = o.count(), o.kept.Load()

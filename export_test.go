@@ -11,8 +11,7 @@ var (
 // release is called: it stands for a machine too loaded to run, in time,
 // whatever would close them. c must have a near cache.
 func HoldGates[T any](c *Cache[T]) (release func()) {
-	c.inv.gmu.Lock()
-	return c.inv.gmu.Unlock
+	return c.tracker.HoldGates()
 }
 
 // SlotWaiters returns how many of c's calls wait for a connection to a

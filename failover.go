@@ -104,7 +104,7 @@ func (p *peers) client(addr string) *redis.Client {
 	for _, like := range p.byAddr {
 		o := *like.Options()
 		o.Addr = addr
-		// As the invalidator's connections (invalidation.go): no
+		// As the tracker's connections (internal/tracking): no
 		// maintenance notifications, which would start a goroutine.
 		o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		c := redis.NewClient(&o)

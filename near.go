@@ -9,6 +9,8 @@ import (
 
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/internal/tracking"
 )
 
 // LocalCache configures a near cache: decoded values kept in this process
@@ -123,9 +125,8 @@ func WithLocalCache(lc LocalCache) Option {
 type near[T any] struct {
 	lc      LocalCache
 	entries *otter.Cache[string, nearEntry[T]]
-	inv     *invalidator // the invalidation stream, shared by the cache's near caches; set by New before any call
-	gate    *gate        // whether it may serve now; set by New before any call
-	marks   *marks       // the cache's write marks, which tickets are checked against
+	gate    *tracking.Gate // whether it may serve now, and take in a key's value; set by New before any call
+	marks   *marks         // the cache's write marks, which tickets are checked against
 	// edged is set by the first Serve of a key of this near cache: from
 	// then on its entries keep what Serve needs (see edge).
 	edged atomic.Bool
@@ -163,7 +164,7 @@ func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
 
 // get returns key's entry if the near cache may serve it now.
 func (n *near[T]) get(key string) (nearEntry[T], bool) {
-	if !n.gate.open() {
+	if !n.gate.Open() {
 		return nearEntry[T]{}, false
 	}
 	return n.entries.GetIfPresent(key)
@@ -173,7 +174,7 @@ func (n *near[T]) get(key string) (nearEntry[T], bool) {
 // taken (before the read that produced r was sent). size is the value's
 // serialized length; until, if not zero, is when the entry must end.
 func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Time) {
-	if !n.inv.servingKey(key, n.gate) || !n.marks.valid(key, t) {
+	if !n.gate.Admits(key) || !n.marks.valid(key, t) {
 		return
 	}
 	w := len(key) + size + entryOverhead
@@ -275,16 +276,16 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 		return nil
 	}
 	c.marks.seed = maphash.MakeSeed()
-	inv, err := newInvalidator(rdb, tracked, minLag/4, c.invalidated, c.flushNear, func(err error) { c.report(context.Background(), "", err) })
+	tr, err := tracking.New(rdb, tracked, minLag/4, streamHandler[T]{c})
 	if err != nil {
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
 		}
 		return fmt.Errorf("packcache: %w", err)
 	}
-	c.inv = inv
+	c.tracker = tr
 	for _, n := range c.nears {
-		n.inv, n.gate = inv, inv.gate(n.lc.MaxLag)
+		n.gate = tr.Gate(n.lc.MaxLag)
 	}
 	return nil
 }
@@ -311,32 +312,73 @@ func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) 
 	p.near.put(key, t, j.r, j.r.size, until)
 }
 
-// invalidated is told by Redis that keys were written: it removes them from
-// the near caches and ends the share window of reads of them begun before,
-// so that a Get after the invalidation reads afresh, as after a write of
-// this process.
-func (c *Cache[T]) invalidated(keys []string) {
-	c.invalidate(keys)
-	for _, k := range keys {
-		c.lookups.forget(k)
-		c.reads.forget(k)
-	}
-}
+// A change says how keys changed in Redis, which decides what of this
+// process's work on them may no longer be handed to later callers.
+type change uint8
 
-// invalidate removes keys from the near caches: they were written.
-func (c *Cache[T]) invalidate(keys []string) {
+const (
+	// written: by this process's Set, SetMany or Delete. Every read and
+	// load of the keys under way is detached from later callers, so that
+	// a Get that starts after the write returns sees it.
+	written change = iota
+	// stored: by a load of this process, whose guarded store succeeded.
+	// Only the reads without a loader are detached: one may have found
+	// the key missing, which later callers must not be given. Reads with
+	// a loader that found it missing share the very load that stored, and
+	// that load's value is the one now in Redis.
+	stored
+	// invalidated: by anyone, as Redis's invalidation stream says (see
+	// internal/tracking), so that a Get after the invalidation reads
+	// afresh, as after a write of this process. Loads are not detached:
+	// their stores are guarded in Redis against any other write (see the
+	// comment on writes in write.go), and the stream also reports this
+	// process's own leases and stores, which must not detach the load that
+	// made them.
+	invalidated
+	// flushed: any key, by anyone (FLUSHALL, FLUSHDB, a Cluster's masters
+	// changing, or an invalidation connection that dropped or subscribed
+	// again: what was written meanwhile is unknown). The keys are not
+	// given: every near cache is emptied.
+	flushed
+)
+
+// changed is the one place a change of keys in Redis reaches this
+// process: every path that learns of one (its own writes, its loads'
+// stores, the invalidation stream) calls it. It removes the keys from
+// the near caches and bumps their marks, so that no read begun before
+// the change puts its value there afterwards, and detaches from later
+// callers the work on them that how says may no longer be shared.
+func (c *Cache[T]) changed(how change, keys ...string) {
+	if how == flushed {
+		c.marks.touchAll()
+		for _, n := range c.nears {
+			n.entries.InvalidateAll()
+		}
+		return
+	}
 	for _, k := range keys {
-		c.marks.touch(k)
-		if n := c.policy(k).near; n != nil {
-			n.entries.Invalidate(k)
+		if c.nears != nil {
+			c.marks.touch(k)
+			if n := c.policy(k).near; n != nil {
+				n.entries.Invalidate(k)
+			}
+		}
+		c.lookups.forget(k)
+		if how == stored {
+			continue
+		}
+		c.reads.forget(k)
+		if how == written {
+			c.loads.forget(k)
 		}
 	}
 }
 
-// flushNear empties the near caches.
-func (c *Cache[T]) flushNear() {
-	c.marks.touchAll()
-	for _, n := range c.nears {
-		n.entries.InvalidateAll()
-	}
-}
+// A streamHandler is the cache as the invalidation stream's
+// tracking.Handler: what the stream says reaches changed, and its
+// failures the error handler.
+type streamHandler[T any] struct{ c *Cache[T] }
+
+func (h streamHandler[T]) Invalidate(keys []string) { h.c.changed(invalidated, keys...) }
+func (h streamHandler[T]) Flush()                   { h.c.changed(flushed) }
+func (h streamHandler[T]) Report(err error)         { h.c.report(context.Background(), "", err) }

@@ -476,28 +476,6 @@ func TestNearCloseStopsEverything(t *testing.T) {
 	})
 }
 
-// TestNearClosePromptWithLongMaxLag: Close does not wait for a heartbeat
-// interval (MaxLag/4: 10 s here) to end the invalidation connections.
-func TestNearClosePromptWithLongMaxLag(t *testing.T) {
-	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
-	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
-		c, err := packcache.New[Channel](tg.Client, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 16 << 20, TTL: time.Minute, MaxLag: 40 * time.Second}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := ctxT(t)
-		c.Set(ctx, "near:close-lag", Channel{ID: "x"})
-		waitNear(t, c, "near:close-lag")
-		start := time.Now()
-		if err := c.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if took := time.Since(start); took > 2*time.Second {
-			t.Fatalf("Close took %v with MaxLag 40s", took)
-		}
-	})
-}
-
 // TestNearInvalidationEndsShareWindow: Redis's invalidation of a key ends
 // the share window of reads of it begun before, as a write of this process
 // does: a Get after another process's write does not share a read from

@@ -64,7 +64,7 @@ func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOpti
 	defer e.release()
 	held := c.owed.hold(ctx, key)
 	err = c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
-	c.forget(key)
+	c.changed(written, key)
 	if held {
 		c.owed.wrote(key, e.stored, err == nil)
 	}
@@ -85,11 +85,7 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 		return keyErr("delete", keys[0], ErrClosed)
 	}
 	defer c.life.exit()
-	defer func() {
-		for _, k := range keys {
-			c.forget(k)
-		}
-	}()
+	defer c.changed(written, keys...)
 	if len(keys) == 1 {
 		return c.del(ctx, keys[0])
 	}
@@ -252,18 +248,6 @@ func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []b
 	return err
 }
 
-// forget ends, in this process, the sharing of every read and load of key
-// begun before a write of it: callers that come after the write start
-// afresh, and see it.
-func (c *Cache[T]) forget(key string) {
-	c.lookups.forget(key)
-	c.reads.forget(key)
-	c.loads.forget(key)
-	if c.nears != nil {
-		c.invalidate([]string{key})
-	}
-}
-
 // Writes are never undone. Once Set or Delete of a key returns, no load
 // that began before it, in this process or any other, can leave its value
 // in Redis; and no Get of this process that starts afterwards returns
@@ -298,7 +282,7 @@ func (c *Cache[T]) forget(key string) {
 // does: the read that places the lease, and the store, a script. A hit is
 // the one read, which writes nothing where the key holds a value
 // (BenchmarkHitWithLease sets it beside a GET). The second promise, within
-// this process, is forget's: a write detaches every read and load of the
+// this process, is changed's (near.go): a write detaches every read and load of the
 // key under way from later callers.
 //
 // While a lease is in place, readers treat the key as "a load is in
@@ -463,20 +447,9 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []er
 			continue
 		}
 		p.stats.stores.Add(1)
-		c.wrote(w.key)
+		c.changed(stored, w.key)
 	}
 	return errs
-}
-
-// wrote ends the sharing of loader-less reads of key begun before a store
-// of a load's value: such a read may have found the key missing, which
-// later callers must not be given. (Reads with a loader that found it
-// missing share the very load that stored.)
-func (c *Cache[T]) wrote(key string) {
-	c.lookups.forget(key)
-	if c.nears != nil {
-		c.invalidate([]string{key})
-	}
 }
 
 // releaseLeases removes leases[i] from keys[i], in one pipeline, where it

@@ -1,4 +1,33 @@
-package packcache
+// Package tracking keeps a near cache fresh with Redis's CLIENT TRACKING:
+// it holds one connection per Redis master (following a Cluster's
+// topology and a Sentinel client's failovers) on which tracking is on in
+// broadcast mode for the near-cached prefixes, and tells its Handler the
+// name of every key under them that anything writes, expires or evicts.
+//
+// What a caller can rely on:
+//
+//   - Every invalidation Redis sends reaches Handler.Invalidate, in the
+//     order Redis sent it on that master's connection. A FLUSHALL or
+//     FLUSHDB, a connection that drops, a connection that (re)subscribes
+//     and a change of a Cluster's masters call Handler.Flush instead: what
+//     was written meanwhile is unknown.
+//   - A Gate says whether near caches that tolerate a given lag may
+//     serve: only while every connection is subscribed and has proved,
+//     by a heartbeat sent at most that lag ago whose reply came back,
+//     that it applied every write Redis had completed when the heartbeat
+//     was sent. Handler.Flush is called before a gate opens after a
+//     (re)connection. Gate.Open costs an atomic load and a monotonic
+//     clock read; the deadline is compared with the clock on every call,
+//     so a machine too loaded to run the tracker's goroutines cannot keep
+//     a gate open past its lag.
+//   - Failures (a lost connection, a Redis that refuses CLIENT TRACKING,
+//     a Cluster whose masters cannot be listed) go to Handler.Report as
+//     values; a connection that never got going is reported once, however
+//     often it is retried.
+//   - Close stops every connection and goroutine and closes every gate.
+//
+// Start with New.
+package tracking
 
 import (
 	"context"
@@ -16,7 +45,20 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
-// An invalidator keeps a near cache fresh: it holds one connection per
+// A Handler is told what the invalidation stream says. Its methods are
+// called from the Tracker's goroutines, one connection's calls in the
+// order that connection received them, and must not block for long: the
+// stream waits meanwhile.
+type Handler interface {
+	// Invalidate is told that keys were written, expired or evicted.
+	Invalidate(keys []string)
+	// Flush is told that any key may have been written.
+	Flush()
+	// Report is told of a failure of the stream.
+	Report(err error)
+}
+
+// A Tracker keeps a near cache fresh: it holds one connection per
 // Redis master on which CLIENT TRACKING is on in broadcast mode for the
 // near-cached prefixes, redirected to the connection itself, which is
 // subscribed to __redis__:invalidate (RESP2, so it works on every Redis
@@ -24,19 +66,17 @@ import (
 // sends it the name of every key under those prefixes that anything
 // writes, expires or evicts.
 //
-// Heartbeats prove the stream current: every quarter of the lag it
-// tolerates, each connection sends a PING; Redis queues the reply after
-// every invalidation it queued before, so once the reply is back every
-// write Redis had completed when the PING was sent has been applied. The
-// near cache serves only while each connection's latest proof is younger
-// than its MaxLag, and is emptied whenever a connection drops, before it
-// serves again.
-type invalidator struct {
+// Heartbeats prove the stream current: every interval (a quarter of the
+// lag the near caches tolerate), each connection sends a PING; Redis
+// queues the reply after every invalidation it queued before, so once the
+// reply is back every write Redis had completed when the PING was sent
+// has been applied. A near cache serves only while its Gate is open, and
+// is emptied (Handler.Flush) whenever a connection drops, before it serves
+// again.
+type Tracker struct {
 	prefixes []string // BCAST prefixes; none: every key
 	interval time.Duration
-	invalid  func(keys []string) // remove these keys' entries
-	flush    func()              // remove every entry
-	report   func(err error)
+	h        Handler
 
 	// base is the dedicated client's options (nil for a cluster, whose
 	// masters' options are taken from its node clients).
@@ -64,53 +104,63 @@ type invalidator struct {
 	// monotonic clock read rather than a look at every listener. recheck
 	// sets them whenever a proof arrives or a connection changes.
 	gmu   sync.Mutex
-	gates []*gate
+	gates []*Gate
 }
 
-// A gate is until when the near caches of one MaxLag may serve: while
+// A Gate is until when the near caches of one MaxLag may serve: while
 // every invalidation connection is subscribed and has proved, within
 // MaxLag, that it applied every write Redis had completed by then.
 //
 // The deadline is compared with the clock on every read, not closed by a
 // timer: a timer fires late on a loaded machine, and a gate it had not
 // closed yet would serve past MaxLag.
-type gate struct {
+type Gate struct {
+	tr     *Tracker
 	maxLag time.Duration
-	epoch  time.Time    // the invalidator's epoch
+	epoch  time.Time    // the tracker's epoch
 	until  atomic.Int64 // nanoseconds since epoch; 0: closed
 }
 
-// open reports whether the near caches of g may serve now.
-func (g *gate) open() bool {
+// Open reports whether the near caches of g may serve now.
+func (g *Gate) Open() bool {
 	until := g.until.Load()
 	return until != 0 && int64(time.Since(g.epoch)) < until
 }
 
-// gate returns the gate of near caches with maxLag.
-func (inv *invalidator) gate(maxLag time.Duration) *gate {
-	inv.gmu.Lock()
-	var g *gate
-	for _, o := range inv.gates {
+// Gate returns the gate of near caches that tolerate maxLag, the same one
+// for every call with the same maxLag.
+func (tr *Tracker) Gate(maxLag time.Duration) *Gate {
+	tr.gmu.Lock()
+	var g *Gate
+	for _, o := range tr.gates {
 		if o.maxLag == maxLag {
 			g = o
 		}
 	}
 	if g == nil {
-		g = &gate{maxLag: maxLag, epoch: inv.epoch}
-		inv.gates = append(inv.gates, g)
+		g = &Gate{tr: tr, maxLag: maxLag, epoch: tr.epoch}
+		tr.gates = append(tr.gates, g)
 	}
-	inv.gmu.Unlock()
-	inv.recheck()
+	tr.gmu.Unlock()
+	tr.recheck()
 	return g
+}
+
+// HoldGates keeps every update of tr's gates waiting until release is
+// called. It is for tests: it stands for a machine too loaded to run, in
+// time, whatever would close them, so that only the clock can.
+func (tr *Tracker) HoldGates() (release func()) {
+	tr.gmu.Lock()
+	return tr.gmu.Unlock
 }
 
 // recheck sets each gate's deadline from the listeners' proofs: the
 // oldest of their latest proofs plus the gate's MaxLag, or closed while a
 // listener has none.
-func (inv *invalidator) recheck() {
-	inv.gmu.Lock()
-	defer inv.gmu.Unlock()
-	ls := *inv.current.Load()
+func (tr *Tracker) recheck() {
+	tr.gmu.Lock()
+	defer tr.gmu.Unlock()
+	ls := *tr.current.Load()
 	proven := len(ls) > 0
 	oldest := int64(1<<63 - 1) // the oldest of the latest proofs
 	for _, l := range ls {
@@ -121,9 +171,9 @@ func (inv *invalidator) recheck() {
 		}
 		oldest = min(oldest, c)
 	}
-	for _, g := range inv.gates {
+	for _, g := range tr.gates {
 		var until int64
-		if proven && inv.ctx.Err() == nil {
+		if proven && tr.ctx.Err() == nil {
 			until = oldest + int64(g.maxLag)
 		}
 		g.until.Store(until)
@@ -140,7 +190,7 @@ type listener struct {
 	// subscribed is set once the connection is subscribed with tracking
 	// on, after the near cache was emptied of what it might have missed;
 	// confirmed is when the latest heartbeat whose reply came back since
-	// was sent, in nanoseconds since the invalidator's epoch (0: none since
+	// was sent, in nanoseconds since the tracker's epoch (0: none since
 	// it subscribed).
 	subscribed atomic.Bool
 	confirmed  atomic.Int64
@@ -153,52 +203,58 @@ type listener struct {
 
 const invalidationChannel = "__redis__:invalidate"
 
-// newInvalidator starts the invalidation connections for rdb. interval is
-// how often each connection sends a heartbeat.
-func newInvalidator(rdb redis.UniversalClient, prefixes []string, interval time.Duration, invalid func([]string), flush func(), report func(error)) (*invalidator, error) {
-	inv := &invalidator{
+// New starts the invalidation connections for rdb, which must be a
+// *redis.Client (a single node, or a Sentinel client from
+// redis.NewFailoverClient) or a *redis.ClusterClient: it tracks the keys
+// under prefixes (an empty prefix: every key), tells h what the stream
+// says, and sends a heartbeat through each connection every interval.
+// The connections are dialled with the options of rdb (or of its node
+// clients), and named packcache-invalidation.
+//
+// The gates stay closed until the connections have subscribed and a
+// heartbeat has come back; New does not wait for that.
+func New(rdb redis.UniversalClient, prefixes []string, interval time.Duration, h Handler) (*Tracker, error) {
+	tr := &Tracker{
 		prefixes: coverPrefixes(prefixes),
 		interval: interval,
-		invalid:  invalid,
-		flush:    flush,
-		report:   report,
+		h:        h,
 	}
-	inv.epoch = time.Now()
+	tr.epoch = time.Now()
 	switch c := rdb.(type) {
 	case *redis.Client:
-		inv.base = c.Options()
-		if inv.base.Addr == "FailoverClient" { // go-redis's name for a Sentinel client's
-			inv.failover = c
+		tr.base = c.Options()
+		if tr.base.Addr == "FailoverClient" { // go-redis's name for a Sentinel client's
+			tr.failover = c
 		}
 	case *redis.ClusterClient:
-		inv.cluster = c
+		tr.cluster = c
 	default:
 		return nil, fmt.Errorf("WithLocalCache: a %T is not supported: it needs a *redis.Client (single node or Sentinel) or a *redis.ClusterClient", rdb)
 	}
-	inv.ctx, inv.cancel = context.WithCancel(context.Background())
-	inv.listeners = map[string]*listener{}
+	tr.ctx, tr.cancel = context.WithCancel(context.Background())
+	tr.listeners = map[string]*listener{}
 	empty := []*listener{}
-	inv.current.Store(&empty)
-	if inv.cluster == nil {
-		inv.add("", inv.base)
+	tr.current.Store(&empty)
+	if tr.cluster == nil {
+		tr.add("", tr.base)
 	} else {
-		inv.follow()
-		inv.wg.Add(1)
+		tr.follow()
+		tr.wg.Add(1)
 		go func() {
-			defer inv.wg.Done()
+			defer tr.wg.Done()
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
 				select {
-				case <-inv.ctx.Done():
+				case <-tr.ctx.Done():
 					return
 				case <-t.C:
-					inv.follow()
+					tr.follow()
 				}
 			}
 		}()
 	}
-	return inv, nil
+	return tr, nil
 }
 
 // coverPrefixes drops the prefixes another covers: Redis refuses
@@ -223,56 +279,56 @@ func coverPrefixes(ps []string) []string {
 // for a new master and stops the one of a master that is gone. A change
 // empties the near cache: keys may have moved to a master whose stream
 // was not followed.
-func (inv *invalidator) follow() {
-	ctx, cancel := context.WithTimeout(inv.ctx, 5*time.Second)
+func (tr *Tracker) follow() {
+	ctx, cancel := context.WithTimeout(tr.ctx, 5*time.Second)
 	defer cancel()
 	var mu sync.Mutex
 	masters := map[string]*redis.Options{}
-	err := inv.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+	err := tr.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		mu.Lock()
 		masters[c.Options().Addr] = c.Options()
 		mu.Unlock()
 		return nil
 	})
 	if err != nil {
-		if inv.ctx.Err() == nil {
-			inv.report(fmt.Errorf("packcache: near cache: finding the cluster's masters: %w", err))
+		if tr.ctx.Err() == nil {
+			tr.h.Report(fmt.Errorf("packcache: near cache: finding the cluster's masters: %w", err))
 		}
 		if len(masters) == 0 {
 			return
 		}
 	}
-	inv.mu.Lock()
+	tr.mu.Lock()
 	changed := false
-	for addr, l := range inv.listeners {
+	for addr, l := range tr.listeners {
 		if _, ok := masters[addr]; !ok {
 			l.close()
-			delete(inv.listeners, addr)
+			delete(tr.listeners, addr)
 			changed = true
 		}
 	}
-	inv.mu.Unlock()
+	tr.mu.Unlock()
 	for addr, opt := range masters {
-		inv.mu.Lock()
-		_, ok := inv.listeners[addr]
-		inv.mu.Unlock()
+		tr.mu.Lock()
+		_, ok := tr.listeners[addr]
+		tr.mu.Unlock()
 		if !ok {
-			inv.add(addr, opt)
+			tr.add(addr, opt)
 			changed = true
 		}
 	}
 	if changed {
-		inv.publish()
-		inv.flush()
+		tr.publish()
+		tr.h.Flush()
 	}
 }
 
 // add starts the listener of the master at addr, dialled with opt.
-func (inv *invalidator) add(addr string, opt *redis.Options) {
+func (tr *Tracker) add(addr string, opt *redis.Options) {
 	o := *opt
 	userConnect := o.OnConnect
 	var lp atomic.Pointer[listener] // the listener, for OnConnect
-	o.Protocol = 2                  // invalidations as Pub/Sub messages: see invalidator
+	o.Protocol = 2                  // invalidations as Pub/Sub messages: see Tracker
 	o.ClientName = "packcache-invalidation"
 	o.ContextTimeoutEnabled = true
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
@@ -290,13 +346,13 @@ func (inv *invalidator) add(addr string, opt *redis.Options) {
 			return err
 		}
 		args := []any{"CLIENT", "TRACKING", "on", "REDIRECT", id, "BCAST"}
-		for _, p := range inv.prefixes {
+		for _, p := range tr.prefixes {
 			args = append(args, "PREFIX", p)
 		}
 		if err := cn.Do(ctx, args...).Err(); err != nil {
 			return fmt.Errorf("CLIENT TRACKING (near caches need Redis 6.0 or later): %w", err)
 		}
-		if inv.failover != nil {
+		if tr.failover != nil {
 			id, err := runID(ctx, cn)
 			if err != nil {
 				return err
@@ -305,31 +361,31 @@ func (inv *invalidator) add(addr string, opt *redis.Options) {
 		}
 		return nil
 	}
-	ctx, cancel := context.WithCancel(inv.ctx)
+	ctx, cancel := context.WithCancel(tr.ctx)
 	l := &listener{addr: addr, client: redis.NewClient(&o), stop: cancel}
 	lp.Store(l)
 	l.ps = l.client.Subscribe(ctx, invalidationChannel)
-	inv.mu.Lock()
-	inv.listeners[addr] = l
-	inv.mu.Unlock()
-	inv.publish()
-	inv.wg.Add(1)
+	tr.mu.Lock()
+	tr.listeners[addr] = l
+	tr.mu.Unlock()
+	tr.publish()
+	tr.wg.Add(1)
 	go func() {
-		defer inv.wg.Done()
-		inv.listen(ctx, l)
+		defer tr.wg.Done()
+		tr.listen(ctx, l)
 	}()
 }
 
 // publish makes the current listeners the ones serving checks.
-func (inv *invalidator) publish() {
-	inv.mu.Lock()
-	ls := make([]*listener, 0, len(inv.listeners))
-	for _, l := range inv.listeners {
+func (tr *Tracker) publish() {
+	tr.mu.Lock()
+	ls := make([]*listener, 0, len(tr.listeners))
+	for _, l := range tr.listeners {
 		ls = append(ls, l)
 	}
-	inv.mu.Unlock()
-	inv.current.Store(&ls)
-	inv.recheck()
+	tr.mu.Unlock()
+	tr.current.Store(&ls)
+	tr.recheck()
 }
 
 func (l *listener) close() {
@@ -342,26 +398,26 @@ func (l *listener) close() {
 const receiveSlice = 100 * time.Millisecond
 
 // listen applies l's invalidations and heartbeats until ctx ends.
-func (inv *invalidator) listen(ctx context.Context, l *listener) {
+func (tr *Tracker) listen(ctx context.Context, l *listener) {
 	defer l.client.Close()
 	defer func() { l.ps.Close() }() // l.ps may be replaced after a failover
 	var lastPing time.Time
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
-		if time.Since(lastPing) >= inv.interval {
+		if time.Since(lastPing) >= tr.interval {
 			lastPing = time.Now()
-			if inv.failover != nil && !inv.sameServer(ctx, l, &backoff) {
+			if tr.failover != nil && !tr.sameServer(ctx, l, &backoff) {
 				continue // no heartbeat: the proof lapses
 			}
-			if err := l.ps.Ping(ctx, strconv.FormatInt(int64(time.Since(inv.epoch)), 10)); err != nil {
-				inv.down(ctx, l, err, &backoff)
+			if err := l.ps.Ping(ctx, strconv.FormatInt(int64(time.Since(tr.epoch)), 10)); err != nil {
+				tr.down(ctx, l, err, &backoff)
 				continue
 			}
 		}
 		// go-redis bounds a receive by its timeout only, not by ctx: wait
 		// in slices short enough that Close does not wait for a heartbeat
 		// interval (MaxLag/4, which may be seconds).
-		msg, err := l.ps.ReceiveTimeout(ctx, min(inv.interval, receiveSlice))
+		msg, err := l.ps.ReceiveTimeout(ctx, min(tr.interval, receiveSlice))
 		if err != nil {
 			var ne net.Error
 			switch {
@@ -369,9 +425,9 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 				// Nothing arrived within the interval: time to ping.
 			case strings.Contains(err.Error(), "unsupported pubsub message payload: <nil>"):
 				// An invalidation without keys: FLUSHALL or FLUSHDB.
-				inv.flush()
+				tr.h.Flush()
 			default:
-				inv.down(ctx, l, err, &backoff)
+				tr.down(ctx, l, err, &backoff)
 			}
 			continue
 		}
@@ -382,21 +438,21 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 				continue
 			}
 			if len(m.PayloadSlice) == 0 && m.Payload == "" {
-				inv.flush()
+				tr.h.Flush()
 				continue
 			}
 			keys := m.PayloadSlice
 			if len(keys) == 0 {
 				keys = []string{m.Payload}
 			}
-			inv.invalid(keys)
+			tr.h.Invalidate(keys)
 		case *redis.Pong:
 			if !l.subscribed.Load() {
 				continue
 			}
 			if sent, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && sent > l.confirmed.Load() {
 				l.confirmed.Store(sent)
-				inv.recheck()
+				tr.recheck()
 			}
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == invalidationChannel {
@@ -405,8 +461,8 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 				// cache; serving resumes with the reply to a heartbeat sent
 				// from now on.
 				l.confirmed.Store(0)
-				inv.recheck()
-				inv.flush()
+				tr.recheck()
+				tr.h.Flush()
 				l.subscribed.Store(true)
 				lastPing = time.Time{}
 			}
@@ -417,10 +473,10 @@ func (inv *invalidator) listen(ctx context.Context, l *listener) {
 // sameServer reports whether l is connected to the server the Sentinel
 // client writes to now. After a failover it is not: l is then treated as
 // down, and connected again, through Sentinel, to the new master.
-func (inv *invalidator) sameServer(ctx context.Context, l *listener, backoff *time.Duration) bool {
-	cctx, cancel := context.WithTimeout(ctx, inv.interval)
+func (tr *Tracker) sameServer(ctx context.Context, l *listener, backoff *time.Duration) bool {
+	cctx, cancel := context.WithTimeout(ctx, tr.interval)
 	defer cancel()
-	want, err := runID(cctx, inv.failover)
+	want, err := runID(cctx, tr.failover)
 	if err != nil {
 		return false // unknown: send no heartbeat, so the proof lapses
 	}
@@ -430,7 +486,7 @@ func (inv *invalidator) sameServer(ctx context.Context, l *listener, backoff *ti
 	if got := l.runID.Load(); got == nil {
 		return false // not connected yet
 	}
-	inv.down(ctx, l, fmt.Errorf("the master is now the server %s", want), backoff)
+	tr.down(ctx, l, fmt.Errorf("the master is now the server %s", want), backoff)
 	l.ps.Close()
 	l.ps = l.client.Subscribe(ctx, invalidationChannel)
 	return false
@@ -455,19 +511,19 @@ func runID(ctx context.Context, c interface {
 // down handles a failure of l's connection: the near cache stops serving
 // and is emptied; the next receive reconnects (go-redis redials a Pub/Sub
 // connection and subscribes it again), after a backoff.
-func (inv *invalidator) down(ctx context.Context, l *listener, err error, backoff *time.Duration) {
+func (tr *Tracker) down(ctx context.Context, l *listener, err error, backoff *time.Duration) {
 	if ctx.Err() != nil {
 		return
 	}
 	switch {
 	case l.subscribed.Swap(false):
-		inv.recheck()
-		inv.flush()
-		inv.report(fmt.Errorf("packcache: near cache: invalidation connection to %s lost, near cache emptied: %w", l.addrOr(), err))
+		tr.recheck()
+		tr.h.Flush()
+		tr.h.Report(fmt.Errorf("packcache: near cache: invalidation connection to %s lost, near cache emptied: %w", l.addrOr(), err))
 	case !l.failed.Swap(true):
 		// It never got going (Redis older than 6.0, or without CLIENT
 		// TRACKING, or an ACL that forbids it): say so once.
-		inv.report(fmt.Errorf("packcache: near cache: no invalidation connection to %s, so the near cache does not serve: %w", l.addrOr(), err))
+		tr.h.Report(fmt.Errorf("packcache: near cache: no invalidation connection to %s, so the near cache does not serve: %w", l.addrOr(), err))
 	}
 	t := time.NewTimer(*backoff)
 	select {
@@ -490,27 +546,28 @@ func (l *listener) proven(oldest int64) bool {
 	return l.subscribed.Load() && c != 0 && c >= oldest
 }
 
-// servingKey reports whether g is open (every invalidation connection
-// subscribed and proved within g's MaxLag), and, on a Cluster, that the
-// master the client maps key to has a proven listener: a value read from a
-// master the invalidator does not follow yet (a new one) must not enter
-// the near cache.
-func (inv *invalidator) servingKey(key string, g *gate) bool {
-	if !g.open() {
+// Admits reports whether a value of key read now may enter the near
+// caches of g: g is open (every invalidation connection subscribed and
+// proved within g's MaxLag), and, on a Cluster, the master the client
+// maps key to has a proven connection: a value read from a master the
+// tracker does not follow yet (a new one) must not enter a near cache.
+func (g *Gate) Admits(key string) bool {
+	if !g.Open() {
 		return false
 	}
-	if inv.cluster == nil {
+	tr := g.tr
+	if tr.cluster == nil {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(inv.ctx, 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(tr.ctx, 50*time.Millisecond)
 	defer cancel()
-	m, err := inv.cluster.MasterForKey(ctx, key)
+	m, err := tr.cluster.MasterForKey(ctx, key)
 	if err != nil {
 		return false
 	}
 	addr := m.Options().Addr
-	oldest := int64(time.Since(inv.epoch) - g.maxLag)
-	for _, l := range *inv.current.Load() {
+	oldest := int64(time.Since(tr.epoch) - g.maxLag)
+	for _, l := range *tr.current.Load() {
 		if l.addr == addr {
 			return l.proven(oldest)
 		}
@@ -518,18 +575,19 @@ func (inv *invalidator) servingKey(key string, g *gate) bool {
 	return false
 }
 
-// close stops every listener and waits for their goroutines.
-func (inv *invalidator) close() {
-	inv.cancel()
-	inv.mu.Lock()
-	for _, l := range inv.listeners {
+// Close stops every connection and waits for the tracker's goroutines;
+// every gate is closed when it returns, and h is called no more.
+func (tr *Tracker) Close() {
+	tr.cancel()
+	tr.mu.Lock()
+	for _, l := range tr.listeners {
 		l.close()
 	}
-	inv.mu.Unlock()
-	inv.wg.Wait()
-	inv.gmu.Lock()
-	for _, g := range inv.gates {
+	tr.mu.Unlock()
+	tr.wg.Wait()
+	tr.gmu.Lock()
+	for _, g := range tr.gates {
 		g.until.Store(0)
 	}
-	inv.gmu.Unlock()
+	tr.gmu.Unlock()
 }
