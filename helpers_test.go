@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,23 @@ func TestMain(m *testing.M) {
 	// Tests on the shared servers (redistest.Targets) run three at a
 	// time, each on a set of its own, rather than taking turns on one.
 	redistest.SharedSets(3)
+	// What the first tests to use them would otherwise wait for, started
+	// now, in the background: the first set of the shared servers (for
+	// TestTwoBatchesDeadlockCluster, the first serial test on them) and
+	// the spare clusters (for TestClusterMasterStopped, the first serial
+	// test that starts a cluster), unless -run or -skip leaves those out.
+	if willRun("TestTwoBatchesDeadlockCluster") {
+		redistest.PrestartSharedSet()
+	}
+	if willRun("TestClusterMasterStopped") {
+		redistest.PrestartSpareClusters()
+	}
+	// TestPendingFollowsFailover's two runs each need a cluster of 3
+	// masters with a replica each, which takes seconds to start: both
+	// start now, beside the tests that run before it.
+	if willRun("TestPendingFollowsFailover") {
+		redistest.PrestartClustersWithReplicas(3, 1, 2)
+	}
 	if !flagSet("test.parallel") {
 		flag.Set("test.parallel", "6")
 	}
@@ -49,6 +67,30 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// willRun reports whether -test.run and -test.skip let the top-level test
+// called name run (as far as their first level goes).
+func willRun(name string) bool {
+	level := func(flagName string) string {
+		f := flag.Lookup(flagName)
+		if f == nil {
+			return ""
+		}
+		first, _, _ := strings.Cut(f.Value.String(), "/")
+		return first
+	}
+	if run := level("test.run"); run != "" {
+		if ok, err := regexp.MatchString(run, name); err != nil || !ok {
+			return false
+		}
+	}
+	if skip := level("test.skip"); skip != "" {
+		if ok, err := regexp.MatchString(skip, name); err == nil && ok {
+			return false
+		}
+	}
+	return true
 }
 
 // Message and Channel model the documents packcache is for: a chat

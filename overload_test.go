@@ -63,8 +63,10 @@ func (b *breakerWatch) ObserveRedis(e packcache.RedisEvent) {
 // TestColdSurgeOnBusyMachine: 20,000 GetOrLoad calls of one cold key, in
 // a fresh client and cache with the default options (a 1 s Redis budget),
 // on a machine whose cores are busy with other processes (four busy
-// processes per core), 3 times (PACKCACHE_SURGE_RUNS sets how many; CI
-// runs 10): each time the loader runs once and no Redis error is counted. (Before the
+// processes per core), once (PACKCACHE_SURGE_RUNS sets how many times;
+// CI's busy-machine step runs 10, the issue's bar; every run is a fresh
+// client and cache, so more runs only give a rare failure more chances to
+// show): each time the loader runs once and no Redis error is counted. (Before the
 // judgement looked at what the connections saw, such runs made 3-26
 // loads: the surge's own queueing ran the shared read past its budget,
 // which was counted as Redis failing, and each read that found "Redis
@@ -81,7 +83,7 @@ func TestColdSurgeOnBusyMachine(t *testing.T) {
 	redistest.RequireReal(t, s, "counts what a real server's clients do under load")
 	redistest.Saturate(t, 4)
 	const callers = 20000
-	runs := 3
+	runs := 1
 	if n, err := strconv.Atoi(os.Getenv("PACKCACHE_SURGE_RUNS")); err == nil && n > 0 {
 		runs = n
 	}

@@ -420,6 +420,22 @@ func KeepSpareClusters(n int) {
 	spares.keep = max(n, 0)
 }
 
+// PrestartSpareClusters starts the spare clusters KeepSpareClusters asked
+// for now, in the background, instead of at the first StartCluster, which
+// then takes one too. Call it from TestMain after KeepSpareClusters, only
+// if tests that call StartCluster are to run.
+func PrestartSpareClusters() {
+	bin := findServer()
+	if bin == "" {
+		return
+	}
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	for len(spares.ready) < spares.keep {
+		spares.ready = append(spares.ready, startSpare(bin))
+	}
+}
+
 // takeSpare returns a spare cluster of masters, or nil (and no error) if
 // none is kept for that size; it starts another in its place.
 func takeSpare(bin string, masters int) (*Cluster, error) {

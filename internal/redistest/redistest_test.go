@@ -604,3 +604,41 @@ func TestClusterWithReplicas(t *testing.T) {
 		t.Fatalf("GET key:7 on the promoted replica = %q, %v", v, err)
 	}
 }
+
+// TestClusterWithReplicasStartedAhead: StartClusterWithReplicas takes the
+// cluster PrestartClustersWithReplicas started, with every node's timeout
+// the 1 s of one it starts itself (also for a restart), healthy, every
+// replica of its master; and the next call, none being left, starts one.
+func TestClusterWithReplicasStartedAhead(t *testing.T) {
+	t.Parallel() // after the tests that count processes or stop the shared sets
+	haveRedisServer(t)
+	PrestartClustersWithReplicas(3, 1, 1)
+	ahead.mu.Lock()
+	sp := ahead.ready[[2]int{3, 1}][0]
+	ahead.mu.Unlock()
+	c := StartClusterWithReplicas(t, 3, 1)
+	if c != sp.c {
+		t.Fatal("StartClusterWithReplicas did not take the cluster started ahead")
+	}
+	for _, s := range c.all() {
+		kv, err := s.admin.do(adminTimeout, "CONFIG", "GET", "cluster-node-timeout")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := fmt.Sprint(kv); v != "[cluster-node-timeout 1000]" || s.nodeTimeout != failoverNodeTimeout {
+			t.Fatalf("%s: CONFIG GET = %s, restart timeout %v; want 1000 ms", s.addr, v, s.nodeTimeout)
+		}
+	}
+	if err := c.health(); err != nil {
+		t.Fatal(err)
+	}
+	ahead.mu.Lock()
+	left := len(ahead.ready[[2]int{3, 1}])
+	ahead.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d clusters started ahead left, want 0", left)
+	}
+	if c2, err := takeAhead(3, 1); c2 != nil || err != nil {
+		t.Fatalf("takeAhead with none left = %v, %v; want nil, nil (StartClusterWithReplicas starts one)", c2, err)
+	}
+}

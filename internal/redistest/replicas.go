@@ -1,9 +1,13 @@
 package redistest
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -14,8 +18,9 @@ import (
 // replica is promoted a few seconds after its master stops answering (see
 // WaitPromoted). It returns once, besides what StartCluster waits for,
 // every replica is in sync with its master. It registers a cleanup with tb
-// that stops every node (resuming any paused one first). A cluster with
-// replicas is never a spare: each is started for its test.
+// that stops every node (resuming any paused one first). Each cluster is
+// its test's alone: it is started for it, or it was started ahead for it
+// by PrestartClustersWithReplicas and is taken by no other test.
 func StartClusterWithReplicas(tb testing.TB, masters, replicas int) *Cluster {
 	tb.Helper()
 	if masters < 3 || replicas < 1 {
@@ -28,11 +33,14 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicas int) *Cluster {
 		}
 		tb.Skipf("redistest: skipping: StartClusterWithReplicas needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
 	}
-	dirs := make([]string, masters*(1+replicas))
-	for i := range dirs {
-		dirs[i] = tb.TempDir()
+	c, err := takeAhead(masters, replicas)
+	if c == nil && err == nil {
+		dirs := make([]string, masters*(1+replicas))
+		for i := range dirs {
+			dirs[i] = tb.TempDir()
+		}
+		c, err = startCluster(bin, dirs, replicas, false, failoverNodeTimeout)
 	}
-	c, err := startCluster(bin, dirs, replicas, false, failoverNodeTimeout)
 	if err != nil {
 		tb.Fatalf("redistest: StartClusterWithReplicas(%d, %d): %v", masters, replicas, err)
 	}
@@ -172,4 +180,117 @@ func servesSlots(nodes string) bool {
 		}
 	}
 	return false
+}
+
+// Clusters with replicas started ahead (PrestartClustersWithReplicas). A
+// cluster of six nodes takes several seconds to start, mostly waiting
+// (gossip, replication's first sync, CLUSTER_WRITABLE_DELAY), so a test
+// binary whose tests each need one can start them while earlier tests run.
+var ahead struct {
+	mu    sync.Mutex
+	ready map[[2]int][]*spare // by {masters, replicas}, oldest first
+}
+
+// PrestartClustersWithReplicas starts n clusters of masters masters with
+// replicas replicas each, now, in the background, in directories of their
+// own; StartClusterWithReplicas of that shape takes one of them (each is
+// taken once) instead of starting one, and starts one itself once they
+// are taken. Call it from TestMain, before m.Run, only if tests that call
+// StartClusterWithReplicas are to run, and call Shutdown after m.Run,
+// which stops those not taken.
+//
+// While it waits to be taken, a cluster started ahead has Redis's default
+// node timeout (15 s), so that no node is marked failed, nor any replica
+// promoted, because the machine was too busy for a node to answer its
+// peers for a second; StartClusterWithReplicas sets every node's timeout
+// to the 1 s of a cluster it starts itself, and waits until the cluster
+// is healthy with every replica of its master, before returning it.
+func PrestartClustersWithReplicas(masters, replicas, n int) {
+	bin := findServer()
+	if bin == "" || masters < 3 || replicas < 1 {
+		return
+	}
+	ahead.mu.Lock()
+	defer ahead.mu.Unlock()
+	if ahead.ready == nil {
+		ahead.ready = map[[2]int][]*spare{}
+	}
+	shape := [2]int{masters, replicas}
+	for range n {
+		sp := &spare{done: make(chan struct{})}
+		go func() {
+			defer close(sp.done)
+			dirs := make([]string, masters*(1+replicas))
+			for i := range dirs {
+				d, err := os.MkdirTemp("", "redistest-ahead-*")
+				if err != nil {
+					sp.err = err
+					for _, d := range dirs[:i] {
+						_ = os.RemoveAll(d)
+					}
+					return
+				}
+				dirs[i] = d
+			}
+			if sp.c, sp.err = startCluster(bin, dirs, replicas, true, sharedNodeTimeout); sp.err != nil {
+				for _, d := range dirs {
+					_ = os.RemoveAll(d)
+				}
+			}
+		}()
+		ahead.ready[shape] = append(ahead.ready[shape], sp)
+	}
+}
+
+// takeAhead returns a cluster of that shape started ahead, with its nodes'
+// timeout set to failoverNodeTimeout, or nil (and no error) if none is
+// left.
+func takeAhead(masters, replicas int) (*Cluster, error) {
+	shape := [2]int{masters, replicas}
+	ahead.mu.Lock()
+	var sp *spare
+	if q := ahead.ready[shape]; len(q) > 0 {
+		sp, ahead.ready[shape] = q[0], q[1:]
+	}
+	ahead.mu.Unlock()
+	if sp == nil {
+		return nil, nil
+	}
+	<-sp.done
+	if sp.err != nil {
+		return nil, sp.err
+	}
+	c := sp.c
+	ms := strconv.FormatInt(failoverNodeTimeout.Milliseconds(), 10)
+	for _, s := range c.all() {
+		if _, err := s.admin.do(adminTimeout, "CONFIG", "SET", "cluster-node-timeout", ms); err != nil {
+			_ = c.close()
+			return nil, fmt.Errorf("CONFIG SET cluster-node-timeout %s on %s: %w", ms, s.addr, err)
+		}
+		s.nodeTimeout = failoverNodeTimeout // for a restart
+	}
+	if err := c.waitHealthy(clusterTimeout); err != nil {
+		_ = c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// stopAhead stops the clusters started ahead and not taken, waiting for
+// those still starting.
+func stopAhead() error {
+	ahead.mu.Lock()
+	left := ahead.ready
+	ahead.ready = nil
+	ahead.mu.Unlock()
+	var errs []error
+	for _, q := range left {
+		for _, sp := range q {
+			<-sp.done
+			if sp.c != nil {
+				errs = append(errs, sp.c.close())
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

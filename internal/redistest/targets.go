@@ -93,6 +93,48 @@ func SharedSets(n int) {
 	shared.max = min(max(n, 1), maxSets)
 }
 
+// PrestartSharedSet starts one set of the servers behind Targets now, in
+// the background, so that the first test to call Targets need not wait
+// for it to start. Call it from TestMain after SharedSets, only if tests
+// that call Targets are to run. It does nothing without redis-server on
+// PATH, or once any set is started or starting.
+func PrestartSharedSet() {
+	if findServer() == "" {
+		return
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.err != nil || len(shared.sets)+shared.starting > 0 {
+		return
+	}
+	if shared.held == nil {
+		shared.held = map[testing.TB]*set{}
+		shared.failed = make(chan struct{})
+	}
+	shared.starting++
+	prestarting.Add(1)
+	go func() {
+		defer prestarting.Done()
+		st, err := startSet(nil)
+		shared.mu.Lock()
+		defer shared.mu.Unlock()
+		shared.starting--
+		if err != nil {
+			if shared.err == nil {
+				shared.err = err
+				close(shared.failed)
+			}
+			return
+		}
+		shared.sets = append(shared.sets, st)
+		freeSets <- st
+	}()
+}
+
+// prestarting counts the sets PrestartSharedSet is starting, for Shutdown
+// to wait for.
+var prestarting sync.WaitGroup
+
 // acquire returns the set tb holds, or waits for one that no other test
 // holds (starting a new one when the limit allows) and holds it for tb
 // until tb ends.
@@ -210,11 +252,13 @@ func Targets(tb testing.TB) []Target {
 }
 
 // startSet starts a set of servers.
+// tb is nil when it is started ahead (PrestartSharedSet), and then
+// redis-server is on PATH.
 func startSet(tb testing.TB) (_ *set, err error) {
-	tb.Helper()
 	st := &set{}
 	bin := findServer()
 	if bin == "" {
+		tb.Helper()
 		if requireReal() {
 			return nil, fmt.Errorf("%s not found on PATH and %s=1", serverBinary, RequireEnv)
 		}
@@ -311,7 +355,8 @@ func (st *set) heal() error {
 }
 
 // Shutdown stops the servers started by Targets, and the spare clusters
-// (KeepSpareClusters) not taken, and removes their directories. Call it from TestMain after m.Run; it does nothing if Targets
+// (KeepSpareClusters) and clusters started ahead
+// (PrestartClustersWithReplicas) not taken, and removes their directories. Call it from TestMain after m.Run; it does nothing if Targets
 // was never called. A later Targets call starts new servers. (Should a
 // test binary die without calling Shutdown, Linux still kills the servers,
 // which are started with a parent-death signal, but their temporary
@@ -320,6 +365,10 @@ func Shutdown() {
 	if err := stopSpares(); err != nil {
 		fmt.Fprintf(os.Stderr, "redistest: Shutdown: spare clusters: %v\n", err)
 	}
+	if err := stopAhead(); err != nil {
+		fmt.Fprintf(os.Stderr, "redistest: Shutdown: clusters started ahead: %v\n", err)
+	}
+	prestarting.Wait()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	var errs []error
