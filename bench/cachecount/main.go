@@ -1,0 +1,100 @@
+// Command cachecount counts what issue 23 counts of the library's Cache
+// type: its fields, and its methods, exported and unexported, by file.
+//
+//	cd bench && go run ./cachecount        # the library: ..
+//	go run ./cachecount -dir ../some/dir   # another package directory
+//
+// It reads the package's non-test files with go/parser, so a method of
+// Cache is counted whatever its receiver is named and whether or not the
+// receiver is a pointer; methods of other types (a facade's internals)
+// are not Cache's and are not counted.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+func main() {
+	dir := flag.String("dir", "..", "the package directory")
+	typ := flag.String("type", "Cache", "the type whose fields and methods are counted")
+	flag.Parse()
+	fs := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fs, *dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cachecount:", err)
+		os.Exit(1)
+	}
+	fields := -1
+	byFile := map[string][2]int{} // exported, unexported
+	for _, p := range pkgs {
+		for name, f := range p.Files {
+			for _, d := range f.Decls {
+				switch d := d.(type) {
+				case *ast.GenDecl:
+					for _, s := range d.Specs {
+						if ts, ok := s.(*ast.TypeSpec); ok && ts.Name.Name == *typ {
+							if st, ok := ts.Type.(*ast.StructType); ok {
+								fields = 0
+								for _, fl := range st.Fields.List {
+									fields += max(len(fl.Names), 1) // an embedded field has no name
+								}
+							}
+						}
+					}
+				case *ast.FuncDecl:
+					if d.Recv == nil || len(d.Recv.List) == 0 || recvType(d.Recv.List[0].Type) != *typ {
+						continue
+					}
+					n := byFile[filepath.Base(name)]
+					if ast.IsExported(d.Name.Name) {
+						n[0]++
+					} else {
+						n[1]++
+					}
+					byFile[filepath.Base(name)] = n
+				}
+			}
+		}
+	}
+	files := make([]string, 0, len(byFile))
+	for f := range byFile {
+		files = append(files, f)
+	}
+	slices.Sort(files)
+	var exp, unexp int
+	for _, f := range files {
+		n := byFile[f]
+		fmt.Printf("%-20s %3d methods (%d exported)\n", f, n[0]+n[1], n[0])
+		exp, unexp = exp+n[0], unexp+n[1]
+	}
+	fmt.Printf("%s: %d fields; %d methods (%d exported, %d unexported) over %d files\n", *typ, fields, exp+unexp, exp, unexp, len(files))
+}
+
+// recvType returns the name of a receiver's base type: T of T, *T, T[P],
+// *T[P, Q].
+func recvType(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.ParenExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return ""
+		}
+	}
+}
