@@ -111,26 +111,22 @@ func WithObserver(o Observer) Option {
 	}
 }
 
-// observeRead tells the observer what a reader got.
-func (c *Cache[T]) observeRead(p *policy[T], r result[T], err error, shared bool) {
-	if c.obs == nil {
-		return
-	}
-	o := ReadHit
+// readOutcome is what a reader got, as Stats and the Observer count it:
+// the one classification of a read's result.
+func readOutcome(stale bool, from source, err error) ReadOutcome {
 	switch {
-	case err == nil && r.stale:
-		o = ReadStale
-	case err == nil && r.from == fromLoader:
-		o = ReadMiss
+	case err == nil && stale:
+		return ReadStale
+	case err == nil && from == fromLoader:
+		return ReadMiss
 	case err == nil:
+		return ReadHit
 	case errors.Is(err, ErrMiss):
-		o = ReadMiss
+		return ReadMiss
 	case errors.Is(err, ErrNotFound):
-		o = ReadNotFound
-	default:
-		o = ReadError
+		return ReadNotFound
 	}
-	c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared, Near: err == nil && r.from == fromNear})
+	return ReadError
 }
 
 // observeLoad tells the observer of a loader call that began at start.

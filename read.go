@@ -556,26 +556,25 @@ func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, sha
 // count counts a caller's outcome, for Stats and the Observer. shared says
 // whether the caller shared work another began.
 func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (result[T], error) {
-	c.observeRead(p, r, err, shared || r.joined)
+	o := readOutcome(r.stale, r.from, err)
+	near := o == ReadHit && r.from == fromNear
 	p.stats.gets.Add(1)
 	switch {
-	case err == nil:
-		switch {
-		case r.stale:
-			p.stats.staleServes.Add(1)
-		case r.from == fromLoader:
-			p.stats.misses.Add(1)
-		case r.from == fromNear:
-			p.stats.nearHits.Add(1)
-		default:
-			p.stats.hits.Add(1)
-		}
-	case errors.Is(err, ErrMiss):
+	case o == ReadStale:
+		p.stats.staleServes.Add(1)
+	case o == ReadMiss:
 		p.stats.misses.Add(1)
-	case errors.Is(err, ErrNotFound):
+	case o == ReadNotFound:
 		p.stats.notFoundHits.Add(1)
-	default:
+	case o == ReadError:
 		p.stats.getErrors.Add(1)
+	case near:
+		p.stats.nearHits.Add(1)
+	default:
+		p.stats.hits.Add(1)
+	}
+	if c.obs != nil {
+		c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})
 	}
 	return r, err
 }
