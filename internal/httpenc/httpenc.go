@@ -15,8 +15,11 @@
 //   - Every body has a strong entity tag, a hash of its bytes marked with
 //     its coding: two codings of one value never share one, and one value
 //     in one coding always has the same.
-//   - Bodies kept in an Edge are made once, however many requests race
-//     for them, and the Source is told of each byte kept.
+//   - An Edge keeps one body per coding: requests that race to make it
+//     all get the one kept, and the Source is told of its bytes once.
+//   - A Body's bytes may be views of the stored value or of the serialized
+//     value: neither is copied, and neither may change while bodies of
+//     them are in use.
 //
 // The package holds every rule of Serve's negotiation (RFC 9110, sections
 // 8.8.3, 12.5.3, 13.1.2 and 15.4.5): a change to how Serve follows the

@@ -21,10 +21,11 @@ type Source interface {
 	Kept(eg *Edge, n int)
 }
 
-// An Edge keeps the bodies of one stored value, each made once, by the
-// first Pick that needs it, for every later Pick of that value. It
-// belongs with the value (a near-cache entry): when the value changes, a
-// new Edge is made for the new one. It is safe for concurrent use.
+// An Edge keeps the bodies of one stored value, each kept by the first
+// Pick that makes it, for every later Pick of that value: Picks that race
+// to make one all return the one kept. It belongs with the value (a
+// near-cache entry): when the value changes, a new Edge is made for the
+// new one. It is safe for concurrent use.
 type Edge struct {
 	stored []byte
 	// bodies holds, by coding: the stored frame (or noBody), the
