@@ -1,8 +1,6 @@
 package packcache
 
 import (
-	"github.com/packcache/packcache/internal/breaker"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/httpenc"
 	"github.com/packcache/packcache/internal/tracking"
 )
 
@@ -112,7 +112,7 @@ type result[T any] struct {
 	// may send it as it is. edge is what Serve keeps of a near-cache
 	// entry (nil: nothing yet). See serve.go.
 	stored string
-	edge   *edge
+	edge   *httpenc.Edge
 }
 
 // shareUntil says until when, in unix nanoseconds, a finished read with

@@ -1,8 +1,6 @@
 package packcache
 
 import (
-	"github.com/packcache/packcache/internal/breaker"
-
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
@@ -16,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/breaker"
 )
 
 // Leases: how long they live, how their holder keeps them alive, how a

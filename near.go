@@ -10,6 +10,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/packcache/packcache/internal/httpenc"
 	"github.com/packcache/packcache/internal/tracking"
 )
 
@@ -134,8 +135,8 @@ type near[T any] struct {
 
 type nearEntry[T any] struct {
 	val    T
-	data   []byte // the serialized value, when each caller decodes its own
-	edge   *edge  // what Serve keeps, once the near cache is edged
+	data   []byte        // the serialized value, when each caller decodes its own
+	edge   *httpenc.Edge // what Serve keeps, once the near cache is edged
 	weight uint32
 	// expires is when the entry ends, in unix nanoseconds: given as a time,
 	// not a duration from when the entry is set, so that it ends then
@@ -178,9 +179,9 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Ti
 		return
 	}
 	w := len(key) + size + entryOverhead
-	var eg *edge
+	var eg *httpenc.Edge
 	if n.edged.Load() && r.stored != "" {
-		eg = &edge{stored: r.stored}
+		eg = httpenc.NewEdge(bytesOf(r.stored))
 		w += len(r.stored)
 	}
 	if int64(w) > n.lc.MaxBytes {
@@ -196,6 +197,23 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Ti
 	if !n.marks.valid(key, t) {
 		n.entries.Invalidate(key)
 	}
+}
+
+// grow adds by bytes to the weight of key's entry, if it is still the one
+// of eg, or drops the entry if that would take it past the bound: Serve
+// keeps the bodies it makes in the entry's edge.
+func (n *near[T]) grow(key string, eg *httpenc.Edge, by int) {
+	n.entries.ComputeIfPresent(key, func(e nearEntry[T]) (nearEntry[T], otter.ComputeOp) {
+		if e.edge != eg {
+			return e, otter.CancelOp
+		}
+		w := int64(e.weight) + int64(by)
+		if w > n.lc.MaxBytes || w > 1<<32-1 {
+			return e, otter.InvalidateOp
+		}
+		e.weight = uint32(w)
+		return e, otter.WriteOp
+	})
 }
 
 // A ticket records the invalidation state of a key when a read of it

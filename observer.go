@@ -1,12 +1,11 @@
 package packcache
 
 import (
-	"github.com/packcache/packcache/internal/breaker"
-
 	"errors"
 	"time"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/breaker"
 )
 
 // An Observer is told what a cache does, for metrics: the module

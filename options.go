@@ -1,8 +1,6 @@
 package packcache
 
 import (
-	"github.com/packcache/packcache/internal/breaker"
-
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +8,7 @@ import (
 	"time"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/breaker"
 )
 
 // The defaults, used where an option or Policy field is zero.

@@ -63,6 +63,9 @@ var bom = []byte("\xef\xbb\xbf")
 
 func (jsonSerializer) Text() bool { return true }
 
+// ContentType names JSON's media type for Serve.
+func (jsonSerializer) ContentType() string { return "application/json" }
+
 type goJSONSerializer struct{}
 
 func (goJSONSerializer) Marshal(dst []byte, v any) ([]byte, error) {
@@ -80,6 +83,9 @@ func (goJSONSerializer) Unmarshal(data []byte, v any) error {
 }
 
 func (goJSONSerializer) Text() bool { return true }
+
+// ContentType names JSON's media type for Serve.
+func (goJSONSerializer) ContentType() string { return "application/json" }
 
 // gobSerializer is a Serializer using encoding/gob, the tests' example of
 // a binary format: every value it writes carries a header.

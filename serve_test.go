@@ -116,8 +116,10 @@ func checkJSON[T any](t *testing.T, b []byte, want T) {
 	}
 }
 
-// TestServeCodings: what each Accept-Encoding gets, q-values honoured,
-// for a zstd value of 128 KB.
+// TestServeCodings: what Accept-Encoding gets, end to end, for a zstd
+// value of 128 KB: the stored frame for zstd, the JSON gzipped or as it
+// is, 406 when nothing is acceptable. Every form of the field, q-values
+// included, is internal/httpenc's TestPickCodings.
 func TestServeCodings(t *testing.T) {
 	t.Parallel()
 	_, rdb := single(t)
@@ -135,31 +137,11 @@ func TestServeCodings(t *testing.T) {
 		want   string   // Content-Encoding, or "406"
 	}{
 		{nil, ""},
-		{[]string{""}, ""},
-		{[]string{"zstd"}, "zstd"},
 		{[]string{"gzip, deflate, br, zstd"}, "zstd"}, // Chromium's
 		{[]string{"gzip"}, "gzip"},
-		{[]string{"x-gzip"}, "gzip"},
-		{[]string{"GZIP"}, "gzip"},
-		{[]string{"br"}, ""},
-		{[]string{"identity"}, ""},
-		{[]string{"zstd;q=0, gzip"}, "gzip"},
-		{[]string{"zstd;q=0", "gzip;q=0"}, ""},
-		{[]string{"zstd; q=0.000"}, ""},
 		{[]string{"zstd;q=0.5, gzip;q=0.8"}, "gzip"},
-		{[]string{"zstd;q=0.8, gzip;q=0.5"}, "zstd"},
-		{[]string{"zstd;q=0.5, gzip;q=0.5"}, "zstd"},
-		{[]string{"zstd;q=0.5, identity"}, ""},
-		{[]string{"zstd;q=1.0, identity"}, "zstd"},
-		{[]string{"zstd;q=2, gzip"}, "gzip"}, // a malformed q: the element is ignored
-		{[]string{"zstd;q=abc, gzip"}, "gzip"},
+		{[]string{"zstd;q=0", "gzip;q=0"}, ""},
 		{[]string{"*"}, "zstd"},
-		{[]string{"*;q=0.5, gzip"}, "gzip"},
-		{[]string{"*;q=0, gzip"}, "gzip"},
-		{[]string{"gzip;q=0, *"}, "zstd"},
-		{[]string{"identity;q=0, gzip"}, "gzip"},
-		{[]string{"identity;q=0"}, "406"},
-		{[]string{"*;q=0"}, "406"},
 		{[]string{"br, identity;q=0"}, "406"},
 	} {
 		var hdr []string
@@ -186,8 +168,8 @@ func TestServeCodings(t *testing.T) {
 }
 
 // TestServeETag: a strong ETag per value and coding; If-None-Match gets
-// 304 without a body, for any of the forms it may take; a new value has a
-// new ETag.
+// 304 without a body; a new value has a new ETag. The forms
+// If-None-Match may take are internal/httpenc's TestWriteNotModified.
 func TestServeETag(t *testing.T) {
 	t.Parallel()
 	_, rdb := single(t)
@@ -209,7 +191,7 @@ func TestServeETag(t *testing.T) {
 		t.Errorf("ETags not distinct per coding: %v", tags)
 	}
 	for ae, tag := range tags {
-		for _, inm := range []string{tag, "W/" + tag, `"other", ` + tag, "*"} {
+		for _, inm := range []string{tag, "*"} {
 			rec := serveOnce(c, "ch", "GET", "Accept-Encoding", ae, "If-None-Match", inm)
 			if rec.Code != http.StatusNotModified || rec.Body.Len() != 0 {
 				t.Errorf("%s, If-None-Match %s: status %d with %d bytes, want 304 without a body", ae, inm, rec.Code, rec.Body.Len())

@@ -1,0 +1,36 @@
+package httpenc
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"strings"
+)
+
+// etag is the strong entity tag of a body: 128 bits of its SHA-256,
+// marked with its coding, so that two codings of one value never share
+// one (RFC 9110, section 8.8.3).
+func etag(b []byte, coding string) string {
+	sum := sha256.Sum256(b)
+	tag := make([]byte, 0, 2+22+1+len(coding))
+	tag = append(tag, '"')
+	tag = base64.RawURLEncoding.AppendEncode(tag, sum[:16])
+	if coding != "" {
+		tag = append(tag, '-')
+		tag = append(tag, coding...)
+	}
+	return string(append(tag, '"'))
+}
+
+// etagMatch reports whether an If-None-Match field lists tag, or is "*"
+// (RFC 9110, section 13.1.2: weak comparison).
+func etagMatch(values []string, tag string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			t = strings.TrimSpace(t)
+			if t == "*" || strings.TrimPrefix(t, "W/") == tag {
+				return true
+			}
+		}
+	}
+	return false
+}
