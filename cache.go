@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/dictset"
 )
 
 // tombstone is the whole stored value that remembers a loader's
@@ -44,7 +45,7 @@ type Cache[T any] struct {
 	obs          Observer // nil: none
 	base         *policy[T]
 	prefixes     []*policy[T] // longest prefix first
-	dicts        dictSet      // zstd dictionaries: the policies' own and those fetched from Redis (dict.go)
+	dicts        dictset.Set  // zstd dictionaries: the policies' own and those fetched from Redis
 	nodes        *nodes
 
 	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
@@ -89,9 +90,13 @@ type policy[T any] struct {
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
 	near         *near[T]      // nil: no near cache
-	dict         *ownDict      // nil: no dictionary; else codec is its codec
-	undict       codec.Codec   // with dict: the zstd codec of its level, for when it cannot be published
 	stats        counters
+
+	// The policy's zstd dictionary, if any, and the dictionary set's way
+	// to Redis for keys under the policy (dict.go).
+	dict      *dictset.Writer // nil: no dictionary; else codec is its codec
+	undict    codec.Codec     // with dict: the zstd codec of its level, for when it cannot be published
+	dictRedis dictRedis[T]
 }
 
 // result is what shared work hands its callers.
@@ -185,11 +190,11 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	c.leases.init()
 	c.owed.init()
 	var err error
-	if c.base, err = resolve[T]("", cfg.base, &c.dicts); err != nil {
+	if c.base, err = resolve(c, "", cfg.base); err != nil {
 		return nil, cfg.envErr("", err)
 	}
 	for _, prefix := range cfg.sortedPrefixes() {
-		p, err := resolve[T](prefix, cfg.prefixPolicy(prefix), &c.dicts)
+		p, err := resolve(c, prefix, cfg.prefixPolicy(prefix))
 		if err != nil {
 			return nil, cfg.envErr(prefix, err)
 		}
@@ -222,9 +227,9 @@ func checkClient(rdb redis.UniversalClient) error {
 	return nil
 }
 
-// resolve turns a merged Policy into the cache's form of it. Its
-// dictionary, if any, joins dicts.
-func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error) {
+// resolve turns a merged Policy into c's form of it. Its dictionary, if
+// any, joins c.dicts.
+func resolve[T any](c *Cache[T], prefix string, p Policy) (*policy[T], error) {
 	rp := &policy[T]{
 		prefix:    prefix,
 		codec:     p.Codec,
@@ -244,7 +249,7 @@ func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error)
 		}
 	}
 	if p.Dictionary != nil {
-		d, dc, err := dicts.writer(p.Dictionary, p.Codec)
+		d, dc, err := c.dicts.Writer(p.Dictionary, p.Codec)
 		if err != nil {
 			return nil, fmt.Errorf("packcache: prefix %q: %w", prefix, err)
 		}
@@ -252,6 +257,7 @@ func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error)
 			rp.dict, rp.codec, rp.undict = d, dc, p.Codec
 		}
 	}
+	rp.dictRedis = dictRedis[T]{c, rp}
 	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
 	if p.Loader != nil && p.Loader != any(Off) {
 		l, ok := p.Loader.(Loader[T])
