@@ -14,9 +14,10 @@ import (
 
 // Redis is how a Set reaches Redis. The caller implements it so that each
 // call is made as its other calls are: under its time budget and circuit
-// breaker, its failures judged and counted as theirs. Errors it returns
-// should not name the dictionary's key as the key of an operation: the
-// Set's errors go to callers that name the key of their value.
+// breaker, its failures judged and counted as theirs. The Set wraps the
+// errors it returns in its own, which name the dictionary's key; they end
+// up in errors about the key of a value, so they had better not name an
+// operation on the dictionary's key themselves.
 type Redis interface {
 	// GetRange returns what key holds from byte start to byte end, both
 	// included, as GETRANGE does: nothing if key does not exist. The call
