@@ -15,6 +15,7 @@ import (
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/dictset"
 	"github.com/packcache/packcache/internal/httpenc"
 	"github.com/packcache/packcache/internal/tracking"
 )
@@ -47,7 +48,7 @@ type Cache[T any] struct {
 	obs          Observer // nil: none
 	base         *policy[T]
 	prefixes     []*policy[T]   // longest prefix first
-	dicts        dictSet        // zstd dictionaries: the policies' own and those fetched from Redis (dict.go)
+	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
 	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
 
 	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
@@ -90,9 +91,13 @@ type policy[T any] struct {
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
 	near         *near[T]      // nil: no near cache
-	dict         *ownDict      // nil: no dictionary; else codec is its codec
-	undict       codec.Codec   // with dict: the zstd codec of its level, for when it cannot be published
 	stats        counters
+
+	// The policy's zstd dictionary, if any, and the dictionary set's way
+	// to Redis for keys under the policy (dict.go).
+	dict      *dictset.Writer // nil: no dictionary; else codec is its codec
+	undict    codec.Codec     // with dict: the zstd codec of its level, for when it cannot be published
+	dictRedis dictRedis[T]
 }
 
 // result is what shared work hands its callers.
@@ -186,11 +191,11 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	c.leases.init()
 	c.owed.init()
 	var err error
-	if c.base, err = resolve[T]("", cfg.base, &c.dicts); err != nil {
+	if c.base, err = resolve(c, "", cfg.base); err != nil {
 		return nil, cfg.envErr("", err)
 	}
 	for _, prefix := range cfg.sortedPrefixes() {
-		p, err := resolve[T](prefix, cfg.prefixPolicy(prefix), &c.dicts)
+		p, err := resolve(c, prefix, cfg.prefixPolicy(prefix))
 		if err != nil {
 			return nil, cfg.envErr(prefix, err)
 		}
@@ -223,9 +228,9 @@ func checkClient(rdb redis.UniversalClient) error {
 	return nil
 }
 
-// resolve turns a merged Policy into the cache's form of it. Its
-// dictionary, if any, joins dicts.
-func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error) {
+// resolve turns a merged Policy into c's form of it. Its dictionary, if
+// any, joins c.dicts.
+func resolve[T any](c *Cache[T], prefix string, p Policy) (*policy[T], error) {
 	rp := &policy[T]{
 		prefix:    prefix,
 		codec:     p.Codec,
@@ -245,7 +250,7 @@ func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error)
 		}
 	}
 	if p.Dictionary != nil {
-		d, dc, err := dicts.writer(p.Dictionary, p.Codec)
+		d, dc, err := c.dicts.Writer(p.Dictionary, p.Codec)
 		if err != nil {
 			return nil, fmt.Errorf("packcache: prefix %q: %w", prefix, err)
 		}
@@ -253,6 +258,7 @@ func resolve[T any](prefix string, p Policy, dicts *dictSet) (*policy[T], error)
 			rp.dict, rp.codec, rp.undict = d, dc, p.Codec
 		}
 	}
+	rp.dictRedis = dictRedis[T]{c, rp}
 	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
 	if p.Loader != nil && p.Loader != any(Off) {
 		l, ok := p.Loader.(Loader[T])

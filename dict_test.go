@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -316,55 +314,6 @@ func TestDictionaryReferenceZstd(t *testing.T) {
 	}
 }
 
-// TestDictionaryPublished: the first write with a dictionary stores it
-// under its key with no expiry, once; a key that held something else, or
-// had an expiry, is put right; later writes do not publish again.
-func TestDictionaryPublished(t *testing.T) {
-	t.Parallel()
-	s, rdb := single(t)
-	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
-	ctx := ctxT(t)
-	d := profileDictionary(t, 31)
-	key := codec.DictionaryKey(dictID(t, d))
-	pd, _ := codec.ParseDictionary(d)
-	for _, before := range []string{"", "junk", "expiring"} {
-		t.Run("key "+cmpOr(before, "absent"), func(t *testing.T) {
-			rdb.Del(ctx, key)
-			switch before {
-			case "junk":
-				rdb.Set(ctx, key, "not a dictionary", 0)
-			case "expiring":
-				rdb.Set(ctx, key, pd.Bytes(), time.Hour)
-			}
-			c := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
-			s.ResetStats(t)
-			setProfiles(t, c, "p:", profiles(50, 32))
-			scripts := func() int64 { return s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval") }
-			if n := scripts(); n < 1 || n > 2 { // EVALSHA, and EVAL if the script is new to the server
-				t.Errorf("50 writes ran %d scripts, want the one publication", n)
-			}
-			if got := rawGet(t, rdb, key); !bytes.Equal(got, pd.Bytes()) {
-				t.Errorf("%s holds %d bytes, not the dictionary", key, len(got))
-			}
-			if ttl := rdb.PTTL(ctx, key).Val(); ttl != -1 {
-				t.Errorf("%s has a TTL of %v, want none", key, ttl)
-			}
-			s.ResetStats(t)
-			setProfiles(t, c, "p:", profiles(50, 33))
-			if n := scripts(); n != 0 {
-				t.Errorf("50 more writes ran %d scripts, want none", n)
-			}
-		})
-	}
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
 // TestDictionaryPublishFails: a writer that cannot publish its dictionary
 // stores values without it, readable by any reader, reports the failure
 // to the error handler, and uses the dictionary once it can publish it.
@@ -469,142 +418,6 @@ func TestDictionaryMissing(t *testing.T) {
 		got, err := r.Get(ctx, "p:1")
 		return err == nil && bytes.Equal(got, mustJSON(t, v))
 	})
-}
-
-// TestDictionaryHostile: whatever the dictionary's key holds that is not
-// the dictionary named is refused (the value kept), and reading it costs
-// no more memory than a dictionary may take.
-func TestDictionaryHostile(t *testing.T) {
-	// Not parallel: it measures memory.
-	_, rdb := single(t)
-	ctx := ctxT(t)
-	d, other := profileDictionary(t, 61), profileDictionary(t, 62)
-	id := dictID(t, d)
-	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
-	if err := w.Set(ctx, "p:1", mustJSON(t, profiles(1, 63)[0])); err != nil {
-		t.Fatal(err)
-	}
-	stored := rawGet(t, rdb, "p:1")
-	od, _ := codec.ParseDictionary(other)
-	huge := bytes.Repeat([]byte{0x37, 0xa4, 0x30, 0xec}, 16<<20) // 64 MiB, beginning like a dictionary
-	forged := od.Bytes()
-	binary.LittleEndian.PutUint32(forged[4:], id) // another dictionary claiming the id
-	key := codec.DictionaryKey(id)
-	for name, put := range map[string]func() error{
-		"another dictionary": func() error { return rdb.Set(ctx, key, other, 0).Err() },
-		"forged id":          func() error { return rdb.Set(ctx, key, forged, 0).Err() },
-		"not a dictionary":   func() error { return rdb.Set(ctx, key, "hello", 0).Err() },
-		"64 MiB":             func() error { return rdb.Set(ctx, key, huge, 0).Err() },
-		"a hash":             func() error { return rdb.HSet(ctx, key, "f", "v").Err() },
-	} {
-		t.Run(name, func(t *testing.T) {
-			rdb.Del(ctx, key)
-			if err := put(); err != nil {
-				t.Fatal(err)
-			}
-			r := mustNew[json.RawMessage](t, rdb) // a new cache: nothing remembered
-			runtime.GC()
-			var m0, m1 runtime.MemStats
-			runtime.ReadMemStats(&m0)
-			_, err := r.Get(ctx, "p:1")
-			runtime.ReadMemStats(&m1)
-			if !errors.Is(err, codec.ErrUnknownDictionary) {
-				t.Fatalf("Get: %v, want an unknown dictionary", err)
-			}
-			if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 2<<20 {
-				t.Errorf("the Get allocated %d bytes, want under 2 MiB (a dictionary is at most %d)", alloc, codec.MaxDictionarySize)
-			}
-			if !bytes.Equal(rawGet(t, rdb, "p:1"), stored) {
-				t.Fatal("the value was changed")
-			}
-		})
-	}
-}
-
-// TestDictionaryFetchedOnce: concurrent reads of values of one dictionary
-// the reader lacks fetch it once; values that are corrupt or too large
-// are refused without a fetch.
-func TestDictionaryFetchedOnce(t *testing.T) {
-	t.Parallel()
-	s, rdb := single(t)
-	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
-	d, vs := profileDictionary(t, 71), profiles(200, 72)
-	setProfiles(t, mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d})), "p:", vs)
-	r := mustNew[json.RawMessage](t, rdb)
-	s.ResetStats(t)
-	var wg sync.WaitGroup
-	errs := make([]error, len(vs))
-	for i := range vs {
-		wg.Go(func() { _, errs[i] = r.Get(context.Background(), "p:"+strconv.Itoa(i)) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	if n := s.CommandCount(t, "getrange"); n != 1 {
-		t.Errorf("%d concurrent reads fetched the dictionary %d times, want 1", len(vs), n)
-	}
-
-	// A frame that claims 1 GiB, naming an id Redis does not hold.
-	s.ResetStats(t)
-	bomb := []byte{codec.HeaderZstdDict, 0x28, 0xb5, 0x2f, 0xfd, 0xe3, // single segment, 8-byte size, 4-byte id
-		0, 0, 0, 0x40, // id 40000000
-		0, 0, 0, 0x40, 0, 0, 0, 0, // 1 GiB
-		0x43, 0x1f, 0x00, 'x'} // one last RLE block of 1,000 bytes
-	rdb.Set(context.Background(), "p:bomb", bomb, 0)
-	if _, err := mustNew[[]byte](t, rdb).Get(context.Background(), "p:bomb"); !errors.Is(err, packcache.ErrTooLarge) {
-		t.Errorf("Get of a 1 GiB frame: %v, want ErrTooLarge", err)
-	}
-	if n := s.CommandCount(t, "getrange"); n != 0 {
-		t.Errorf("a value too large to decode fetched its dictionary (%d GETRANGEs)", n)
-	}
-}
-
-// emptyDictValue is the empty value written with dictionary id (FORMAT.md
-// section 3.6).
-func emptyDictValue(id uint32) []byte {
-	v := []byte{codec.HeaderZstdDict, 0x28, 0xb5, 0x2f, 0xfd, 0x23, 0, 0, 0, 0, 0x00, 0x01, 0x00, 0x00}
-	binary.LittleEndian.PutUint32(v[6:], id)
-	return v
-}
-
-// TestDictionaryBounded: a reader remembers at most 64 dictionaries it
-// fetched or found missing; past that the oldest are forgotten, and
-// fetched again when read.
-func TestDictionaryBounded(t *testing.T) {
-	t.Parallel()
-	const n = 100
-	ctx := ctxT(t)
-	s, rdb := single(t)
-	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
-	for i := range n {
-		rdb.Set(ctx, "p:"+strconv.Itoa(i), emptyDictValue(1<<20+uint32(i)), 0)
-	}
-	r := mustNew[[]byte](t, rdb)
-	read := func(i int) {
-		if _, err := r.Get(ctx, "p:"+strconv.Itoa(i)); !errors.Is(err, codec.ErrUnknownDictionary) {
-			t.Fatalf("Get p:%d: %v, want an unknown dictionary", i, err)
-		}
-	}
-	var oldest time.Time // when the first id still remembered was fetched
-	for i := range n {
-		if i == n-64 {
-			oldest = time.Now()
-		}
-		read(i)
-	}
-	s.ResetStats(t)
-	read(n - 64) // the oldest remembered, then the newest: fetched only if forgotten
-	read(n - 1)
-	remembered := s.CommandCount(t, "getrange")
-	read(0)
-	forgotten := s.CommandCount(t, "getrange") - remembered
-	if time.Since(oldest) > 900*time.Millisecond {
-		t.Skipf("reads too slow here (%v) to tell the bound from the second a missing id is remembered", time.Since(oldest))
-	}
-	if remembered != 0 || forgotten != 1 {
-		t.Errorf("read again, the last 64 ids made %d fetches (want 0: remembered) and the first %d (want 1: forgotten, past the bound)", remembered, forgotten)
-	}
 }
 
 // TestDictionaryPolicy: New refuses a bad dictionary and a codec that is

@@ -9,6 +9,7 @@ import (
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/dictset"
 )
 
 // The defaults, used where an option or Policy field is zero.
@@ -487,8 +488,10 @@ func (p Policy) check() error {
 			return fmt.Errorf("%s %v is neither a duration nor Off", name, d)
 		}
 	}
-	if p.Dictionary != nil && p.Codec != nil && p.Codec.ID() != codec.HeaderZstd && p.Codec.ID() != codec.HeaderNone {
-		return dictCodecError(p.Codec)
+	if p.Dictionary != nil && p.Codec != nil {
+		if err := dictset.CheckCodec(p.Codec); err != nil {
+			return err
+		}
 	}
 	if !p.Local.zero() {
 		return p.Local.check()

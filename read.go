@@ -479,7 +479,7 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 	if c.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
-		b, err := c.decodeValue(nil, p, data)
+		b, err := c.dicts.Decode(nil, data, c.maxSize, &p.dictRedis)
 		if err != nil {
 			return keyErr("get", key, err)
 		}
@@ -500,14 +500,14 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 	if codec.Plain(data) || len(data) == 0 {
 		// A plain value is its own payload: no buffer needed.
 		var err error
-		if payload, err = c.decodeValue(nil, p, data); err != nil {
+		if payload, err = c.dicts.Decode(nil, data, c.maxSize, &p.dictRedis); err != nil {
 			return keyErr("get", key, err)
 		}
 	} else {
 		buf := getBuf()
 		defer putBuf(buf)
 		var err error
-		if payload, err = c.decodeValue((*buf)[:0], p, data); err != nil {
+		if payload, err = c.dicts.Decode((*buf)[:0], data, c.maxSize, &p.dictRedis); err != nil {
 			return keyErr("get", key, err)
 		}
 		if cap(payload) > cap(*buf) {

@@ -186,8 +186,14 @@ func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T
 	}
 	if p.compress && len(payload) > p.threshold && len(payload) > 0 {
 		cd := p.codec
-		if p.dict != nil && !c.published(ctx, op, key, p) {
-			cd = p.undict // a value stored with a dictionary Redis may not hold could be unreadable elsewhere
+		if p.dict != nil {
+			ok, err := p.dict.Published(ctx, &p.dictRedis)
+			if err != nil {
+				c.report(ctx, key, keyErr(op, key, err))
+			}
+			if !ok {
+				cd = p.undict // a value stored with a dictionary Redis may not hold could be unreadable elsewhere
+			}
 		}
 		out, cerr := codec.AppendValue((*fbuf)[:0], cd, payload)
 		if cerr == nil {

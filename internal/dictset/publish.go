@@ -1,0 +1,79 @@
+package dictset
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/codec"
+)
+
+// A Writer is a dictionary a policy writes with, and its publication in
+// Redis. Set.Writer returns one; it is safe for concurrent use.
+type Writer struct {
+	d         *codec.Dictionary
+	mu        sync.Mutex   // one publication at a time
+	published atomic.Int64 // unix nanoseconds of the last publication that succeeded; 0: none
+	failed    atomic.Int64 // unix nanoseconds of the last that Redis failed
+}
+
+// publishScript stores the dictionary ARGV[1] under KEYS[1] without
+// expiry unless the key already holds exactly it (a SET NX that also puts
+// right a key holding anything else, or given an expiry). It returns 1 if
+// it wrote.
+var publishScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PERSIST', KEYS[1])
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1`)
+
+// Published reports whether a write may use w's dictionary: whether Redis
+// holds it, as far as this process knows. The first write publishes it
+// through r (the writes that come meanwhile wait for it), and a write once
+// a minute publishes it again (the others go on). A publication that
+// failed is returned as err, for the caller to report; if the dictionary
+// was never published, Published reports false, the value is to be stored
+// without the dictionary, and so are the writes of the next second when
+// Redis failed (r.Failed).
+func (w *Writer) Published(ctx context.Context, r Redis) (ok bool, err error) {
+	last := w.published.Load()
+	now := time.Now().UnixNano()
+	switch {
+	case last != 0 && now-last < int64(republishEvery):
+		return true, nil
+	case now-w.failed.Load() < int64(retryAfter):
+		return last != 0, nil
+	case last != 0:
+		if !w.mu.TryLock() {
+			return true, nil // another write publishes it again
+		}
+	default:
+		w.mu.Lock()
+	}
+	defer w.mu.Unlock()
+	if w.published.Load() != last || time.Now().UnixNano()-w.failed.Load() < int64(retryAfter) {
+		// Another write published it, or failed to, while this one
+		// waited.
+		return w.published.Load() != 0, nil
+	}
+	dk := codec.DictionaryKey(w.d.ID())
+	err = r.RunScript(ctx, publishScript, dk, w.d.Bytes())
+	if err == nil {
+		w.published.Store(time.Now().UnixNano())
+		return true, nil
+	}
+	if r.Failed(err) {
+		w.failed.Store(time.Now().UnixNano())
+	}
+	what := "so stored without it"
+	if last != 0 {
+		what = "again"
+	}
+	return last != 0, fmt.Errorf("publishing zstd dictionary %s, %s: %w", dk, what, err)
+}

@@ -1,0 +1,202 @@
+package dictset
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// writer returns the Writer of a new set for d.
+func writer(t testing.TB, d *codec.Dictionary) *Writer {
+	t.Helper()
+	var s Set
+	w, _, err := s.Writer(d.Bytes(), codec.Zstd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestPublished: the first write with a dictionary stores it under its
+// key with no expiry, once; a key that held something else, or had an
+// expiry, is put right; later writes do not publish again.
+func TestPublished(t *testing.T) {
+	t.Parallel()
+	srv, r := newClient(t)
+	redistest.RequireReal(t, srv, "counts commands with INFO commandstats")
+	ctx := context.Background()
+	d := trained(t, 31)
+	key := codec.DictionaryKey(d.ID())
+	for _, before := range []string{"", "junk", "expiring"} {
+		t.Run("key "+cmpOr(before, "absent"), func(t *testing.T) {
+			r.rdb.Del(ctx, key)
+			switch before {
+			case "junk":
+				r.rdb.Set(ctx, key, "not a dictionary", 0)
+			case "expiring":
+				r.rdb.Set(ctx, key, d.Bytes(), time.Hour)
+			}
+			w := writer(t, d)
+			srv.ResetStats(t)
+			publish := func() {
+				t.Helper()
+				if ok, err := w.Published(ctx, r); !ok || err != nil {
+					t.Fatalf("Published: %v, %v", ok, err)
+				}
+			}
+			for range 50 {
+				publish()
+			}
+			scripts := func() int64 { return srv.CommandCount(t, "evalsha") + srv.CommandCount(t, "eval") }
+			if n := scripts(); n < 1 || n > 2 { // EVALSHA, and EVAL if the script is new to the server
+				t.Errorf("50 writes ran %d scripts, want the one publication", n)
+			}
+			if got, _ := r.rdb.Get(ctx, key).Bytes(); !bytes.Equal(got, d.Bytes()) {
+				t.Errorf("%s holds %d bytes, not the dictionary", key, len(got))
+			}
+			if ttl := r.rdb.PTTL(ctx, key).Val(); ttl != -1 {
+				t.Errorf("%s has a TTL of %v, want none", key, ttl)
+			}
+			srv.ResetStats(t)
+			for range 50 {
+				publish()
+			}
+			if n := scripts(); n != 0 {
+				t.Errorf("50 more writes ran %d scripts, want none", n)
+			}
+		})
+	}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// TestPublishedConcurrently: writes that come while the first publishes
+// wait for it, and none publishes again.
+func TestPublishedConcurrently(t *testing.T) {
+	t.Parallel()
+	_, r := newClient(t)
+	w := writer(t, trained(t, 33))
+	var wg sync.WaitGroup
+	oks := make([]bool, 50)
+	errs := make([]error, len(oks))
+	for i := range oks {
+		wg.Go(func() { oks[i], errs[i] = w.Published(context.Background(), r) })
+	}
+	wg.Wait()
+	for i := range oks {
+		if !oks[i] || errs[i] != nil {
+			t.Fatalf("write %d: %v, %v; want published", i, oks[i], errs[i])
+		}
+	}
+	if n := r.scripts.Load(); n != 1 {
+		t.Errorf("50 concurrent writes published %d times, want 1", n)
+	}
+}
+
+// TestPublishFails: a writer that cannot publish its dictionary is told
+// to store without it and given the error, naming the key; for a second
+// its writes do not try again (and are stored without it); then one
+// publishes it.
+func TestPublishFails(t *testing.T) {
+	t.Parallel()
+	srv, admin := newClient(t)
+	redistest.RequireReal(t, srv, "ACL key permissions")
+	ctx := context.Background()
+	// A user that may write p:* but not the dictionary's key.
+	if err := admin.rdb.Do(ctx, "ACL", "SETUSER", "writer", "on", ">pw", "+@all", "%R~*", "%W~p:*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "writer", Password: "pw", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	r := &client{rdb: rdb}
+	d := trained(t, 41)
+	key := codec.DictionaryKey(d.ID())
+	w := writer(t, d)
+
+	ok, err := w.Published(ctx, r)
+	if ok || err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "stored without it") || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Published without permission: %v, %v; want false and the failure, naming %s", ok, err, key)
+	}
+	for range 20 {
+		if ok, err := w.Published(ctx, r); ok || err != nil {
+			t.Fatalf("Published within the second after a failure: %v, %v; want false, nothing to report", ok, err)
+		}
+	}
+	if n := r.scripts.Load(); n != 1 {
+		t.Errorf("21 writes tried to publish %d times, want 1: a failure is waited out", n)
+	}
+
+	if err := admin.rdb.Do(ctx, "ACL", "SETUSER", "writer", "allkeys").Err(); err != nil {
+		t.Fatal(err)
+	}
+	w.failed.Add(-int64(retryAfter)) // the second has passed
+	if ok, err := w.Published(ctx, r); !ok || err != nil {
+		t.Fatalf("Published once allowed: %v, %v", ok, err)
+	}
+	if got, _ := admin.rdb.Get(ctx, key).Bytes(); !bytes.Equal(got, d.Bytes()) {
+		t.Fatalf("%s holds %d bytes, not the dictionary", key, len(got))
+	}
+}
+
+// TestPublishCancelled: a publication the caller's context ended is not a
+// Redis failure: the next write tries again at once.
+func TestPublishCancelled(t *testing.T) {
+	t.Parallel()
+	_, r := newClient(t)
+	w := writer(t, trained(t, 43))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if ok, err := w.Published(ctx, r); ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Published under a cancelled context: %v, %v", ok, err)
+	}
+	if ok, err := w.Published(context.Background(), r); !ok || err != nil {
+		t.Fatalf("Published after: %v, %v; want published", ok, err)
+	}
+}
+
+// TestRepublished: a minute after its publication a write publishes the
+// dictionary again, putting back a key deleted meanwhile; if that fails,
+// the writes still use the dictionary (readers that fetched it keep it)
+// and the error says it was a publication again.
+func TestRepublished(t *testing.T) {
+	t.Parallel()
+	_, r := newClient(t)
+	ctx := context.Background()
+	d := trained(t, 45)
+	key := codec.DictionaryKey(d.ID())
+	w := writer(t, d)
+	if ok, err := w.Published(ctx, r); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	r.rdb.Del(ctx, key)
+	w.published.Add(-int64(republishEvery)) // a minute has passed
+	if ok, err := w.Published(ctx, r); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if n := r.rdb.Exists(ctx, key).Val(); n != 1 || r.scripts.Load() != 2 {
+		t.Fatalf("after a minute: %s exists %d, %d publications; want it back, and 2", key, n, r.scripts.Load())
+	}
+
+	w.published.Add(-int64(republishEvery))
+	f := &stub{err: errors.New("READONLY You can't write against a read only replica.")}
+	if ok, err := w.Published(ctx, f); !ok || err == nil || !strings.Contains(err.Error(), "again") {
+		t.Fatalf("a publication again that failed: %v, %v; want true and the failure", ok, err)
+	}
+	if ok, err := w.Published(ctx, f); !ok || err != nil {
+		t.Fatalf("within the second after: %v, %v; want true, nothing to report", ok, err)
+	}
+}
