@@ -54,7 +54,7 @@ type Cache[T any] struct {
 	leases  leaseBook                   // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	life  life
-	owed  owed.Ledger // invalidations that failed on a Redis failure, retried (pending.go)
+	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
 	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
 
 	// The near caches (WithLocalCache), their invalidation stream, and
