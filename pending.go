@@ -49,28 +49,28 @@ func (s owedStore[T]) Probe(ctx context.Context, keys, keeps []string, ran []boo
 // Owes owes a write that failed on ErrRedis (never the caller's own
 // context) until the longest TTL the old value could have: its policy's
 // TTL plus StaleFor, or the failed Set's TTL if longer.
-func (s owedStore[T]) Owes(w *owed.Write, i int, err error) (until time.Time, owe bool) {
+func (s owedStore[T]) Owes(key string, ttl time.Duration, err error) (until time.Time, owe bool) {
 	if !errors.Is(err, ErrRedis) {
 		return time.Time{}, false
 	}
-	p := s.c.policy(w.Keys[i])
-	if p.ttl != Off && w.TTL != Off { // else the old value, or a late landing of this write, may never expire
-		until = time.Now().Add(max(p.ttl, w.TTL) + p.staleFor)
+	p := s.c.policy(key)
+	if p.ttl != Off && ttl != Off { // else the old value, or a late landing of this write, may never expire
+		until = time.Now().Add(max(p.ttl, ttl) + p.staleFor)
 	}
 	return until, true
 }
 
 // Pending marks err ErrPending when the invalidation is kept, or says why
 // not past the bound, and tells the observer or the error handler.
-func (s owedStore[T]) Pending(w *owed.Write, i int, err error, kept bool, n int) error {
-	c, key := s.c, w.Keys[i]
+func (s owedStore[T]) Pending(op, key string, err error, kept bool, n int) error {
+	c := s.c
 	if !kept {
-		err = keyErr(w.Op, key, fmt.Errorf("%w (and %d invalidations are already pending, the most this cache keeps: this one is not retried)", err, n))
+		err = keyErr(op, key, fmt.Errorf("%w (and %d invalidations are already pending, the most this cache keeps: this one is not retried)", err, n))
 		c.report(context.Background(), key, err)
 		return err
 	}
 	c.observePending(c.policy(key))
-	return &Error{Op: w.Op, Key: key, Err: &pendingError{err}}
+	return &Error{Op: op, Key: key, Err: &pendingError{err}}
 }
 
 // Landed tells the observer how many invalidations are left.

@@ -105,17 +105,17 @@ type Store interface {
 	// client that is not a Cluster.
 	Probe(ctx context.Context, keys, keeps []string, ran []bool) (sent bool)
 
-	// Owes reports whether err, the error of w's write of w.Keys[i], is a
-	// failure of Redis's after which Redis may still hold what the write
-	// meant to replace, and if so until when it may: zero for as long as
-	// the key has no expiry.
-	Owes(w *Write, i int, err error) (until time.Time, owe bool)
+	// Owes reports whether err, the error of a write of key with ttl (a
+	// Write's TTL), is a failure of Redis's after which Redis may still
+	// hold what the write meant to replace, and if so until when it may:
+	// zero for as long as the key has no expiry.
+	Owes(key string, ttl time.Duration, err error) (until time.Time, owe bool)
 
-	// Pending returns the error w's caller gets for its write of
-	// w.Keys[i], which failed with err, a failure Owes owes: kept tells
-	// whether the Ledger keeps its invalidation; when not, n
+	// Pending returns the error the caller of op (a Write's Op) gets for
+	// its write of key, which failed with err, a failure Owes owes: kept
+	// tells whether the Ledger keeps its invalidation; when not, n
 	// invalidations are owed already, the most MaxBytes allows.
-	Pending(w *Write, i int, err error, kept bool, n int) error
+	Pending(op, key string, err error, kept bool, n int) error
 
 	// Landed is told that owed keys landed or expired (Len says how many
 	// are left).
@@ -125,7 +125,7 @@ type Store interface {
 // A Write is a write of some keys that Ledger.Write orders with their
 // owed invalidations.
 type Write struct {
-	Op     string        // what the write is, for the Store's errors
+	Op     string        // what the write is, for the Store's Pending
 	Keys   []string      // the keys written
 	Stored [][]byte      // each key's bytes as written; nil for a deletion
 	TTL    time.Duration // the TTL the write asked for, for the Store's Owes
@@ -240,9 +240,9 @@ func (l *Ledger) Write(ctx context.Context, w *Write, send func() []error) []err
 		if err == nil {
 			continue
 		}
-		if until, ok := l.store.Owes(w, i, err); ok {
+		if until, ok := l.store.Owes(w.Keys[i], w.TTL, err); ok {
 			kept, n := l.owe(w.Keys[i], until)
-			errs[i] = l.store.Pending(w, i, err, kept, n)
+			errs[i] = l.store.Pending(w.Op, w.Keys[i], err, kept, n)
 		}
 	}
 	return errs

@@ -83,7 +83,7 @@ func (f *fakeStore) Probe(ctx context.Context, keys, keeps []string, ran []bool)
 	return true
 }
 
-func (f *fakeStore) Owes(w *Write, i int, err error) (time.Time, bool) {
+func (f *fakeStore) Owes(key string, ttl time.Duration, err error) (time.Time, bool) {
 	if !errors.Is(err, errDown) {
 		return time.Time{}, false
 	}
@@ -93,11 +93,11 @@ func (f *fakeStore) Owes(w *Write, i int, err error) (time.Time, bool) {
 	return time.Now().Add(f.life), true
 }
 
-func (f *fakeStore) Pending(w *Write, i int, err error, kept bool, n int) error {
+func (f *fakeStore) Pending(op, key string, err error, kept bool, n int) error {
 	f.mu.Lock()
-	f.pending = append(f.pending, pendingCall{w.Keys[i], kept, n})
+	f.pending = append(f.pending, pendingCall{key, kept, n})
 	f.mu.Unlock()
-	return fmt.Errorf("%s: %w (kept %v)", w.Op, err, kept) // not the key: some are megabytes
+	return fmt.Errorf("%s: %w (kept %v)", op, err, kept) // not the key: some are megabytes
 }
 
 func (f *fakeStore) Landed() {
