@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/internal/owed"
 )
 
 // The batch calls read and write many keys in one pipeline: one round trip
@@ -104,7 +106,7 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 		k := keys[i]
 		p := c.policy(k)
 		j := c.judge(k, p, rp, readThrough)
-		if c.owed.has(k) {
+		if c.owed.Has(k) {
 			j = judgement[T]{v: vOwed} // see get
 		}
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
@@ -246,20 +248,23 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 		encs = append(encs, e)
 	}
 	defer func() { c.changed(written, keys...) }()
-	held := c.owed.holdMany(ctx, keys)
-	for i, err := range c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
-		p := c.policy(keys[i])
-		ttl := p.ttl
-		if so.ttlSet {
-			ttl = so.ttl
-		}
-		return pipe.Set(ctx, keys[i], encs[i].stored, redisTTL(c.expiry(p, ttl)))
+	stored := make([][]byte, len(encs))
+	for i := range encs {
+		stored[i] = encs[i].stored
+	}
+	w := owed.Write{Op: "set", Keys: keys, Stored: stored, TTL: so.ttl}
+	for i, err := range c.owed.Write(ctx, &w, func() []error {
+		return c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+			p := c.policy(keys[i])
+			ttl := p.ttl
+			if so.ttlSet {
+				ttl = so.ttl
+			}
+			return pipe.Set(ctx, keys[i], stored[i], redisTTL(c.expiry(p, ttl)))
+		})
 	}) {
-		if held[i] {
-			c.owed.wrote(keys[i], encs[i].stored, err == nil)
-		}
 		if err != nil {
-			errs = append(errs, c.owe("set", keys[i], c.policy(keys[i]), so.ttl, err))
+			errs = append(errs, err)
 			continue
 		}
 		c.policy(keys[i]).stats.sets.Add(1)
@@ -271,17 +276,12 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 // fails on a cluster when the keys' slots differ, and the pipeline still
 // costs one round trip per node.
 func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
-	held := c.owed.holdMany(ctx, keys)
-	errs := c.roundTripMany(ctx, "delete", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
-		return pipe.Del(ctx, keys[i])
-	})
-	for i, err := range errs {
-		if held[i] {
-			c.owed.wrote(keys[i], nil, err == nil)
-		}
-		errs[i] = c.owe("delete", keys[i], c.policy(keys[i]), 0, err)
-	}
-	return errors.Join(errs...)
+	w := owed.Write{Op: "delete", Keys: keys}
+	return errors.Join(c.owed.Write(ctx, &w, func() []error {
+		return c.roundTripMany(ctx, "delete", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+			return pipe.Del(ctx, keys[i])
+		})
+	})...)
 }
 
 func dedupe(keys []string) []string {

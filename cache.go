@@ -17,6 +17,7 @@ import (
 	"github.com/packcache/packcache/internal/breaker"
 	"github.com/packcache/packcache/internal/dictset"
 	"github.com/packcache/packcache/internal/httpenc"
+	"github.com/packcache/packcache/internal/owed"
 	"github.com/packcache/packcache/internal/tracking"
 )
 
@@ -57,8 +58,8 @@ type Cache[T any] struct {
 	leases  leaseBook                   // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	life  life
-	owed  owed  // invalidations that failed on a Redis failure, retried (pending.go)
-	peers peers // a Cluster's node clients, for retries that follow a failover (failover.go)
+	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
+	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
 
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
@@ -189,7 +190,7 @@ func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
 	c.leases.init()
-	c.owed.init()
+	c.owed.Init(owedStore[T]{c}, c.redisTimeout)
 	var err error
 	if c.base, err = resolve(c, "", cfg.base); err != nil {
 		return nil, cfg.envErr("", err)
@@ -357,17 +358,17 @@ func (c *Cache[T]) Close() error {
 	defer t.Stop()
 	select {
 	case <-c.life.idle:
-		return c.closeOwed()
+		return closeOwed(&c.owed, &c.peers)
 	case <-t.C:
 	}
 	c.life.cancel()
 	t.Reset(c.redisTimeout)
 	select {
 	case <-c.life.idle:
-		return c.closeOwed()
+		return closeOwed(&c.owed, &c.peers)
 	case <-t.C:
 		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout), c.closeOwed())
+			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
 	}
 }
 
@@ -406,12 +407,8 @@ func (c *Cache[T]) Stats() Stats {
 		s.NearBytes += n.entries.WeightedSize()
 	}
 	s.NearServing = c.tracker != nil && len(c.nears) > 0 && c.nears[0].gate.Open()
-	o := &c.owed
-	o.mu.Lock() // the counts change under it: their identity holds
-	s.Pending, s.PendingKept = o.count(), o.kept.Load()
-	s.PendingApplied, s.PendingExpired = o.applied.Load(), o.expired.Load()
-	o.mu.Unlock()
-	s.PendingDropped = o.dropped.Load()
+	o := c.owed.Stats()
+	s.Pending, s.PendingKept, s.PendingApplied, s.PendingExpired, s.PendingDropped = o.Owed, o.Kept, o.Applied, o.Expired, o.Dropped
 	return s
 }
 

@@ -2,13 +2,13 @@ package packcache
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/packcache/packcache/internal/owed"
 )
 
 // Pending invalidations through a Cluster failover. go-redis routes a
@@ -20,7 +20,7 @@ import (
 // client would go to it until the map is reloaded, or until it resumes,
 // while every other process reads the old value from the new master.
 //
-// So on a Cluster each retry round also sends each key's DEL to a few
+// So on a Cluster each retry round (internal/owed) also sends each key's DEL to a few
 // other nodes, concurrently with the DEL sent to the slot's master through
 // the client: a replica of the slot, as the client's map names it, and
 // others the client has met, at random, up to failoverFanout:
@@ -34,9 +34,9 @@ import (
 //     of within moments of the promotion) is followed: the DEL is sent
 //     there.
 //   - While the master's DEL has not come back, this is done again every
-//     failoverProbe, and the next round follows failoverProbe after one
-//     that nothing answered: the DEL reaches a promoted replica about
-//     failoverProbe after the promotion, not a Redis budget later.
+//     owed.ProbeEvery (50 ms), and the next round follows that long after
+//     one that nothing answered: the DEL reaches a promoted replica about
+//     50 ms after the promotion, not a Redis budget later.
 //
 // (go-redis's own choice of a replica, SlaveForKey, is not enough alone:
 // it answers with the master while it holds the replica for failing, for
@@ -50,11 +50,6 @@ import (
 // node answers MOVED), and a DEL the hung master runs when it resumes runs
 // on data it is about to replace with its new master's, so the extra
 // sends cannot undo a write.
-
-// failoverProbe is how often a round whose master has not answered asks
-// other nodes again, and how soon a round that nothing answered is
-// followed by the next.
-const failoverProbe = 50 * time.Millisecond
 
 // failoverFanout is how many nodes besides the master each probe asks.
 const failoverFanout = 3
@@ -121,6 +116,9 @@ func (p *peers) client(addr string) *redis.Client {
 func (p *peers) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
 	p.closed = true
 	for _, c := range p.own {
 		c.Close()
@@ -159,52 +157,19 @@ func (p *peers) stale() {
 	}
 }
 
-// retryElsewhere sends the owed DELs of keys (keeps[i] is key i's spared
-// SHA-1) to nodes besides their slots' masters, as described above, until
-// each has run on a node that owns its slot, or the master's round ends
-// (done closes), or ctx ends. Each probe has a Redis budget of its own:
-// the master's call may outlast one (go-redis bounds some of its waits,
-// such as a new connection's handshake, by its own timeouts). It reports
-// which keys ran, and whether any was sent. Once every key has run, it
-// calls all: the round need not wait for a hung master.
-func (c *Cache[T]) retryElsewhere(ctx context.Context, keys, keeps []string, done <-chan struct{}, all func()) (ran []bool, sent bool) {
-	ran = make([]bool, len(keys))
-	tick := time.NewTicker(failoverProbe)
-	defer tick.Stop()
-	for {
-		if c.probeElsewhere(ctx, keys, keeps, ran) {
-			sent = true
-		} else if !sent {
-			return ran, sent
-		}
-		if !slices.Contains(ran, false) {
-			all()
-			return ran, sent
-		}
-		select {
-		case <-done:
-			return ran, sent
-		case <-ctx.Done():
-			return ran, sent
-		case <-tick.C:
-		}
-	}
-}
-
-// probeElsewhere is one probe of retryElsewhere, within a Redis budget: it
-// sets ran[i] for each key i whose DEL ran, and reports whether it sent
-// any.
-func (c *Cache[T]) probeElsewhere(ctx context.Context, keys, keeps []string, ran []bool) (sent bool) {
-	p := &c.peers
-	bud := c.nodes.Budget(ctx, nil)
-	defer bud.End()
+// probe sends the owed DELs of the keys i not ran[i] (keeps[i] is key
+// i's spared SHA-1) to up to failoverFanout nodes besides the master the
+// client maps each key's slot to, following their MOVED replies, as
+// described above, within ctx, a Redis budget. It sets ran[i] for each
+// key whose DEL ran, and reports whether it sent any.
+func (p *peers) probe(ctx context.Context, keys, keeps []string, ran []bool) (sent bool) {
 	// The keys left, by the master the client maps their slots to.
 	byMaster := map[string][]int{}
 	for i, k := range keys {
 		if ran[i] {
 			continue
 		}
-		m, err := p.cluster.MasterForKey(bud, k)
+		m, err := p.cluster.MasterForKey(ctx, k)
 		if err != nil {
 			continue
 		}
@@ -213,10 +178,10 @@ func (c *Cache[T]) probeElsewhere(ctx context.Context, keys, keeps []string, ran
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for master, idx := range byMaster {
-		for _, n := range p.others(bud, keys[idx[0]], master, failoverFanout) {
+		for _, n := range p.others(ctx, keys[idx[0]], master, failoverFanout) {
 			sent = true
 			wg.Go(func() {
-				got := c.owedOnNode(bud, n, master, keys, keeps, idx)
+				got := p.invalidate(ctx, n, master, keys, keeps, idx)
 				mu.Lock()
 				for _, i := range got {
 					ran[i] = true
@@ -229,24 +194,24 @@ func (c *Cache[T]) probeElsewhere(ctx context.Context, keys, keeps []string, ran
 	return sent
 }
 
-// owedOnNode sends the owed DELs of keys[idx], whose slots the client maps
-// to master, to node n in one pipeline, follows once each MOVED that
+// invalidate sends the owed DELs of keys[idx], whose slots the client
+// maps to master, to node n in one pipeline, follows once each MOVED that
 // names a node other than n and master, and returns the indexes of the
 // keys whose DEL ran.
-func (c *Cache[T]) owedOnNode(ctx context.Context, n *redis.Client, master string, keys, keeps []string, idx []int) []int {
+func (p *peers) invalidate(ctx context.Context, n *redis.Client, master string, keys, keeps []string, idx []int) []int {
 	var ran []int
 	moved := map[string][]int{}
 	send := func(n *redis.Client, idx []int) []redis.Cmder {
 		pipe := n.Pipeline()
 		cmds := make([]redis.Cmder, len(idx))
 		for j, i := range idx {
-			cmds[j] = runScript(ctx, pipe, owedScript, true, keys[i], keeps[i])
+			cmds[j] = runScript(ctx, pipe, owed.Script, true, keys[i], keeps[i])
 		}
 		_, _ = pipe.Exec(ctx)
 		again := false
 		for j, cmd := range cmds {
 			if isNoScript(cmd.Err()) {
-				cmds[j] = runScript(ctx, pipe, owedScript, false, keys[idx[j]], keeps[idx[j]])
+				cmds[j] = runScript(ctx, pipe, owed.Script, false, keys[idx[j]], keeps[idx[j]])
 				again = true
 			}
 		}
@@ -267,7 +232,7 @@ func (c *Cache[T]) owedOnNode(ctx context.Context, n *redis.Client, master strin
 		}
 	}
 	for addr, idx := range moved {
-		t := c.peers.client(addr)
+		t := p.client(addr)
 		if t == nil {
 			continue // closed
 		}

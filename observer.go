@@ -168,7 +168,7 @@ func (c *Cache[T]) observeCodec(p *policy[T], stored []byte, plain int, decode b
 // after one was kept or some landed.
 func (c *Cache[T]) observePending(p *policy[T]) {
 	if c.obs != nil {
-		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: c.owed.count()})
+		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: c.owed.Len()})
 	}
 }
 

@@ -114,7 +114,7 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 		// batch calls.
 		return result[T]{}, err
 	}
-	if c.owed.has(key) {
+	if c.owed.Has(key) {
 		// What Redis holds may be what a failed write meant to replace.
 		r, err := c.act(ctx, flight[T]{c: c, key: key, p: p, ld: ld}, judgement[T]{v: vOwed})
 		return c.count(p, r, err, r.joined)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/owed"
 )
 
 // A SetOption changes how one Set or SetMany stores its values.
@@ -62,13 +63,12 @@ func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOpti
 	}
 	e.detach()
 	defer e.release()
-	held := c.owed.hold(ctx, key)
-	err = c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
-	c.changed(written, key)
-	if held {
-		c.owed.wrote(key, e.stored, err == nil)
-	}
-	return c.owe("set", key, p, so.ttl, err)
+	w := owed.Write{Op: "set", Keys: []string{key}, Stored: [][]byte{e.stored}, TTL: so.ttl}
+	return c.owed.Write(ctx, &w, func() []error {
+		err := c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
+		c.changed(written, key)
+		return []error{err}
+	})[0]
 }
 
 // Delete removes keys. Keys that do not exist are not an error. On Redis
@@ -93,15 +93,12 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 }
 
 func (c *Cache[T]) del(ctx context.Context, key string) error {
-	p := c.policy(key)
-	held := c.owed.hold(ctx, key)
-	err := c.roundTrip(ctx, "delete", key, p, true, func(ctx context.Context) error {
-		return c.rdb.Del(ctx, key).Err()
-	})
-	if held {
-		c.owed.wrote(key, nil, err == nil)
-	}
-	return c.owe("delete", key, p, 0, err)
+	w := owed.Write{Op: "delete", Keys: []string{key}}
+	return c.owed.Write(ctx, &w, func() []error {
+		return []error{c.roundTrip(ctx, "delete", key, c.policy(key), true, func(ctx context.Context) error {
+			return c.rdb.Del(ctx, key).Err()
+		})}
+	})[0]
 }
 
 // marshal appends v's serialized form to dst. For raw T it returns v's
