@@ -246,7 +246,7 @@ func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []b
 		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
 	})
 	if err == nil {
-		p.stats.sets.Add(1)
+		inc(&p.stats.Sets)
 	}
 	return err
 }
@@ -348,19 +348,20 @@ return false`)
 // key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
 // ARGV[2] (ARGV[1] = 'd') and, if ARGV[5] is not negative, whose time to
 // live is at most ARGV[5] ms (a write in between would have set it
-// anew). It returns 1 if it wrote, 0 if not; and 1, writing nothing, if
-// the key holds exactly ARGV[3] already: so a store made again, after a
-// first copy that ran but whose reply came too late, reports the store
-// the first one made.
+// anew); or if the key holds exactly ARGV[3] already, whose time to live
+// it sets anew: so a store made again, after a first copy that ran but
+// whose reply came too late, does what the first one did. It returns 1
+// if it wrote, 0 if not.
 var storeScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[3] then return 1 end
-if ARGV[1] == 'l' then
-  if cur ~= ARGV[2] then return 0 end
-elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
-  return 0
-elseif tonumber(ARGV[5]) >= 0 and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[5]) then
-  return 0
+if cur ~= ARGV[3] then
+  if ARGV[1] == 'l' then
+    if cur ~= ARGV[2] then return 0 end
+  elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
+    return 0
+  elseif tonumber(ARGV[5]) >= 0 and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[5]) then
+    return 0
+  end
 end
 if ARGV[4] == '0' then
   redis.call('SET', KEYS[1], ARGV[3])
@@ -445,11 +446,11 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []er
 		}
 		p := c.policy(w.key)
 		if n, _ := cmds[i].Int(); n == 0 {
-			p.stats.superseded.Add(1)
+			inc(&p.stats.Superseded)
 			errs[i] = errSuperseded
 			continue
 		}
-		p.stats.stores.Add(1)
+		inc(&p.stats.Stores)
 		c.changed(stored, w.key)
 	}
 	return errs
