@@ -154,7 +154,7 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 		token := c.loadToken(from[k])
 		calls[i], joined[i] = c.loads.claim(k, token, true, c.coalesce)
 		if joined[i] {
-			p.stats.coalescedWaits.Add(1)
+			inc(&p.stats.CoalescedWaits)
 		} else {
 			jobs = append(jobs, loadJob[T]{key: k, p: p, from: from[k], token: token, cl: calls[i]})
 		}
@@ -267,7 +267,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 			errs = append(errs, err)
 			continue
 		}
-		c.policy(keys[i]).stats.sets.Add(1)
+		inc(&c.policy(keys[i]).stats.Sets)
 	}
 	return errors.Join(errs...)
 }

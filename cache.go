@@ -92,7 +92,7 @@ type policy[T any] struct {
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
 	near         *near[T]      // nil: no near cache
-	stats        counters
+	stats        *counters
 
 	// The policy's zstd dictionary, if any, and the dictionary set's way
 	// to Redis for keys under the policy (dict.go).
@@ -233,6 +233,7 @@ func checkClient(rdb redis.UniversalClient) error {
 // any, joins c.dicts.
 func resolve[T any](c *Cache[T], prefix string, p Policy) (*policy[T], error) {
 	rp := &policy[T]{
+		stats:     &counters{},
 		prefix:    prefix,
 		codec:     p.Codec,
 		compress:  p.CompressAbove != Off && p.Codec.ID() != codec.HeaderNone,

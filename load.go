@@ -204,7 +204,7 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 	// settles.)
 	cl, joined := c.loads.claim(f.key, token, true, c.coalesce && j.placed == "")
 	if joined {
-		f.p.stats.coalescedWaits.Add(1)
+		inc(&f.p.stats.CoalescedWaits)
 	} else {
 		// On a goroutine of its own even when this caller cannot leave:
 		// the callers must be released at the load timeout whether or
@@ -241,7 +241,7 @@ func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], fn loa
 	if cl == nil {
 		return
 	}
-	p.stats.refreshes.Add(1)
+	inc(&p.stats.Refreshes)
 	c.life.spawn()
 	go c.runLoad(ctx, fn, []loadJob[T]{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
 }
@@ -348,7 +348,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 		// about to get, the timeout, whatever fn returned.
 		for _, i := range loading {
 			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
-			l.jobs[i].p.stats.loadErrors.Add(1)
+			inc(&l.jobs[i].p.stats.LoadErrors)
 		}
 		c.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
 		return
@@ -376,7 +376,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 			// another process is caught by the script, unless it wrote
 			// the very bytes the load began from and left the TTL no
 			// higher.)
-			p.stats.superseded.Add(1)
+			inc(&p.stats.Superseded)
 			j.g, j.kept = guard{}, true
 		}
 		v, ok := vals[j.key]
@@ -384,7 +384,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 			l.fail(ctx, i, ErrNilValue)
 			continue
 		}
-		p.stats.loads.Add(1)
+		inc(&p.stats.Loads)
 		j.loaded = true
 		if !ok {
 			j.err = ErrNotFound
@@ -439,7 +439,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 	// (counted here) not stored for any other reason.
 	for _, i := range loading {
 		if j := &l.jobs[i]; j.loaded && !j.stored && !j.kept {
-			j.p.stats.unstored.Add(1)
+			inc(&j.p.stats.Unstored)
 		}
 	}
 }
@@ -452,7 +452,7 @@ func callLoadFunc[T any](ctx context.Context, fn loadFunc[T], keys []string) (ma
 // from a value past its TTL, that value (StaleFor).
 func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
 	j := &l.jobs[i]
-	j.p.stats.loadErrors.Add(1)
+	inc(&j.p.stats.LoadErrors)
 	if !isKeyError(err, j.key) {
 		err = keyErr("load", j.key, err)
 	}
@@ -578,7 +578,7 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 func (l *loadRun[T]) awaitLeases(ctx context.Context, waiting []int) []int {
 	c := l.c
 	for _, i := range waiting {
-		l.jobs[i].p.stats.lockWaits.Add(1)
+		inc(&l.jobs[i].p.stats.LockWaits)
 	}
 	deadline := time.Now().Add(c.lockWait)
 	backoff := 2 * time.Millisecond
@@ -738,7 +738,7 @@ func (c *Cache[T]) unstored(ctx context.Context, key string, p *policy[T], err e
 	case errors.Is(err, ErrSerialization):
 		return true
 	case errors.Is(err, ErrTooLarge):
-		p.stats.tooLarge.Add(1)
+		inc(&p.stats.TooLarge)
 	case c.strict:
 		return true
 	}

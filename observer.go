@@ -143,7 +143,7 @@ func (c *Cache[T]) observeLoad(p *policy[T], keys int, start time.Time, err erro
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
 func (c *Cache[T]) redisFailed(p *policy[T], b *breaker.Node, err error) {
-	p.stats.redisErrors.Add(1)
+	inc(&p.stats.RedisErrors)
 	c.peers.stale()
 	if c.obs != nil {
 		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})

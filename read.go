@@ -164,7 +164,7 @@ func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrou
 			return r, err, true
 		}
 	}
-	p.stats.coalescedWaits.Add(1)
+	inc(&p.stats.CoalescedWaits)
 	r, err = wait(ctx, cl)
 	return r, err, true
 }
@@ -201,7 +201,7 @@ func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], err
 // joining counts a caller sharing the read and catches a loader that
 // would wait for its own key's read.
 func (f flight[T]) joining(ctx context.Context, key string, running bool) error {
-	f.p.stats.coalescedWaits.Add(1)
+	inc(&f.p.stats.CoalescedWaits)
 	if !running {
 		return nil
 	}
@@ -335,7 +335,7 @@ func (c *Cache[T]) judge(key string, p *policy[T], rp reply, readThrough bool) j
 		j.r.expires = j.expires.UnixNano()
 	}
 	if derr != nil {
-		p.stats.decodeErrors.Add(1)
+		inc(&p.stats.DecodeErrors)
 		j.v, j.err = vUndecodable, derr
 		if lacksDictionary(derr) {
 			// The bytes may be sound: kept, as when Redis fails (a load
@@ -558,20 +558,20 @@ func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, sha
 func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (result[T], error) {
 	o := readOutcome(r.stale, r.from, err)
 	near := o == ReadHit && r.from == fromNear
-	p.stats.gets.Add(1)
+	inc(&p.stats.Gets)
 	switch {
 	case o == ReadStale:
-		p.stats.staleServes.Add(1)
+		inc(&p.stats.StaleServes)
 	case o == ReadMiss:
-		p.stats.misses.Add(1)
+		inc(&p.stats.Misses)
 	case o == ReadNotFound:
-		p.stats.notFoundHits.Add(1)
+		inc(&p.stats.NotFoundHits)
 	case o == ReadError:
-		p.stats.getErrors.Add(1)
+		inc(&p.stats.GetErrors)
 	case near:
-		p.stats.nearHits.Add(1)
+		inc(&p.stats.NearHits)
 	default:
-		p.stats.hits.Add(1)
+		inc(&p.stats.Hits)
 	}
 	if c.obs != nil {
 		c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})

@@ -1,6 +1,7 @@
 package packcache
 
 import (
+	"reflect"
 	"sync/atomic"
 
 	"github.com/packcache/packcache/codec"
@@ -98,15 +99,32 @@ type CodecStats struct {
 	BytesOut uint64 // their stored size, header included
 }
 
+// counters are a policy's counts: the exported Counters themselves, each
+// uint64 changed only by inc (atomically) and read only by snapshot, so
+// that a counter is declared once, where it is documented, and every list
+// of them (snapshot, add) follows the struct by reflection.
+//
+// policy holds counters behind a pointer, so that they are 64-bit aligned
+// for the atomic operations on every platform.
 type counters struct {
-	gets, getErrors, stores, unstored               atomic.Uint64
-	hits, misses, sets, decodeErrors, redisErrors   atomic.Uint64
-	nearHits                                        atomic.Uint64
-	loads, loadErrors, notFoundHits, coalescedWaits atomic.Uint64
-	lockWaits, refreshes, staleServes, superseded   atomic.Uint64
-	tooLarge                                        atomic.Uint64
-	codecs                                          [256]codecCounters
+	Counters
+	codecs [256]codecCounters
 }
+
+// inc adds one to the counter n points to.
+func inc(n *uint64) { atomic.AddUint64(n, 1) }
+
+// countFields are the indexes of Counters' uint64 fields.
+var countFields = func() []int {
+	var idx []int
+	t := reflect.TypeFor[Counters]()
+	for i := range t.NumField() {
+		if t.Field(i).Type.Kind() == reflect.Uint64 {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}()
 
 type codecCounters struct {
 	values, bytesIn, bytesOut atomic.Uint64
@@ -120,28 +138,12 @@ func (c *counters) wrote(id byte, in, out int) {
 }
 
 func (c *counters) snapshot() Counters {
-	s := Counters{
-		Gets:           c.gets.Load(),
-		GetErrors:      c.getErrors.Load(),
-		Stores:         c.stores.Load(),
-		Unstored:       c.unstored.Load(),
-		Hits:           c.hits.Load(),
-		NearHits:       c.nearHits.Load(),
-		Misses:         c.misses.Load(),
-		Sets:           c.sets.Load(),
-		DecodeErrors:   c.decodeErrors.Load(),
-		RedisErrors:    c.redisErrors.Load(),
-		Loads:          c.loads.Load(),
-		LoadErrors:     c.loadErrors.Load(),
-		NotFoundHits:   c.notFoundHits.Load(),
-		CoalescedWaits: c.coalescedWaits.Load(),
-		LockWaits:      c.lockWaits.Load(),
-		Refreshes:      c.refreshes.Load(),
-		StaleServes:    c.staleServes.Load(),
-		Superseded:     c.superseded.Load(),
-		TooLarge:       c.tooLarge.Load(),
-		Codecs:         map[string]CodecStats{},
+	var s Counters
+	from, to := reflect.ValueOf(&c.Counters).Elem(), reflect.ValueOf(&s).Elem()
+	for _, i := range countFields {
+		to.Field(i).SetUint(atomic.LoadUint64((*uint64)(from.Field(i).Addr().UnsafePointer())))
 	}
+	s.Codecs = map[string]CodecStats{}
 	for id := range c.codecs {
 		cc := &c.codecs[id]
 		n := cc.values.Load()
@@ -162,25 +164,10 @@ func (c *counters) snapshot() Counters {
 }
 
 func (s *Counters) add(o Counters) {
-	s.Gets += o.Gets
-	s.GetErrors += o.GetErrors
-	s.Stores += o.Stores
-	s.Unstored += o.Unstored
-	s.Hits += o.Hits
-	s.NearHits += o.NearHits
-	s.Misses += o.Misses
-	s.Sets += o.Sets
-	s.DecodeErrors += o.DecodeErrors
-	s.RedisErrors += o.RedisErrors
-	s.Loads += o.Loads
-	s.LoadErrors += o.LoadErrors
-	s.NotFoundHits += o.NotFoundHits
-	s.CoalescedWaits += o.CoalescedWaits
-	s.LockWaits += o.LockWaits
-	s.Refreshes += o.Refreshes
-	s.StaleServes += o.StaleServes
-	s.Superseded += o.Superseded
-	s.TooLarge += o.TooLarge
+	to, from := reflect.ValueOf(s).Elem(), reflect.ValueOf(&o).Elem()
+	for _, i := range countFields {
+		to.Field(i).SetUint(to.Field(i).Uint() + from.Field(i).Uint())
+	}
 	if s.Codecs == nil {
 		s.Codecs = map[string]CodecStats{}
 	}
