@@ -3,6 +3,8 @@ package packcache
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -85,8 +87,8 @@ func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx
 // and acted on by rule, as Get does, over one pipeline per node; the keys
 // to load are loaded together, with one call of ld.
 func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (map[string]T, error) {
-	if !c.life.enter() {
-		return nil, ErrClosed
+	if err := c.life.begin(opGet, first(keys)); err != nil {
+		return nil, err
 	}
 	defer c.life.exit()
 	if err := ctx.Err(); err != nil {
@@ -213,8 +215,8 @@ func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []tick
 // are stored. Each stored key has Set's guarantee: no load begun before it
 // stores over it.
 func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetOption) error {
-	if !c.life.enter() {
-		return ErrClosed
+	if err := c.life.begin(opSet, first(slices.Sorted(maps.Keys(items)))); err != nil {
+		return err
 	}
 	defer c.life.exit()
 	if len(items) == 0 {
@@ -295,4 +297,13 @@ func dedupe(keys []string) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// first is keys[0], or "" if there is none: the key a batch call's
+// closed-cache error names.
+func first(keys []string) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
 }

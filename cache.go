@@ -308,6 +308,17 @@ func (l *life) enter() bool {
 	return true
 }
 
+// begin registers a call of op on key (a batch call's first key) with the
+// cache's life, as enter does, or returns the error every call made once
+// the cache is closed returns: an *Error naming op and key, matching
+// ErrClosed.
+func (l *life) begin(op, key string) error {
+	if !l.enter() {
+		return keyErr(op, key, ErrClosed)
+	}
+	return nil
+}
+
 // exit ends a call or a piece of background work.
 func (l *life) exit() {
 	if l.state.Add(-1) == closedBit {

@@ -86,26 +86,27 @@ func TestCloseDuringTraffic(t *testing.T) {
 			t.Errorf("Close: %v", err)
 		}
 	}
-	// Every call made after Close returned fails with ErrClosed.
-	if _, err := c.Get(ctx, "close:1"); !errors.Is(err, packcache.ErrClosed) {
+	// Every call made after Close returned fails with ErrClosed, the same
+	// keyed error for every call.
+	if _, err := c.Get(ctx, "close:1"); !closedFor(err, "close:1") {
 		t.Errorf("Get after Close: %v", err)
 	}
-	if _, err := c.GetOrLoad(ctx, "close:1", func(context.Context) (Channel, error) { return Channel{}, nil }); !errors.Is(err, packcache.ErrClosed) {
+	if _, err := c.GetOrLoad(ctx, "close:1", func(context.Context) (Channel, error) { return Channel{}, nil }); !closedFor(err, "close:1") {
 		t.Errorf("GetOrLoad after Close: %v", err)
 	}
-	if err := c.Set(ctx, "close:1", Channel{}); !errors.Is(err, packcache.ErrClosed) {
+	if err := c.Set(ctx, "close:1", Channel{}); !closedFor(err, "close:1") {
 		t.Errorf("Set after Close: %v", err)
 	}
-	if err := c.Delete(ctx, "close:1"); !errors.Is(err, packcache.ErrClosed) {
+	if err := c.Delete(ctx, "close:1"); !closedFor(err, "close:1") {
 		t.Errorf("Delete after Close: %v", err)
 	}
-	if _, err := c.GetMany(ctx, []string{"close:1"}); !errors.Is(err, packcache.ErrClosed) {
+	if _, err := c.GetMany(ctx, []string{"close:1"}); !closedFor(err, "close:1") {
 		t.Errorf("GetMany after Close: %v", err)
 	}
-	if err := c.SetMany(ctx, map[string]Channel{"close:1": {}}); !errors.Is(err, packcache.ErrClosed) {
+	if err := c.SetMany(ctx, map[string]Channel{"close:1": {}}); !closedFor(err, "close:1") {
 		t.Errorf("SetMany after Close: %v", err)
 	}
-	if _, err := c.GetOrLoadMany(ctx, []string{"close:1"}, batch); !errors.Is(err, packcache.ErrClosed) {
+	if _, err := c.GetOrLoadMany(ctx, []string{"close:1"}, batch); !closedFor(err, "close:1") {
 		t.Errorf("GetOrLoadMany after Close: %v", err)
 	}
 	stop.Store(true)
@@ -308,4 +309,11 @@ func TestCloseRacingEverything(t *testing.T) {
 			}
 		}
 	}
+}
+
+// closedFor reports whether err is the closed cache's error for key: an
+// *Error naming key and matching ErrClosed.
+func closedFor(err error, key string) bool {
+	var e *packcache.Error
+	return errors.Is(err, packcache.ErrClosed) && errors.As(err, &e) && e.Key == key
 }

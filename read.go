@@ -75,9 +75,9 @@ import (
 // WARNING: a loader that calls Get for the key it is loading gets
 // ErrReentrantLoad; see Loader.
 func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
-	if !c.life.enter() {
+	if err := c.life.begin(opGet, key); err != nil {
 		var zero T
-		return zero, keyErr("get", key, ErrClosed)
+		return zero, err
 	}
 	defer c.life.exit()
 	p := c.policy(key)
@@ -95,9 +95,9 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 		var zero T
 		return zero, errors.New("packcache: GetOrLoad with nil function")
 	}
-	if !c.life.enter() {
+	if err := c.life.begin(opGet, key); err != nil {
 		var zero T
-		return zero, keyErr("get", key, ErrClosed)
+		return zero, err
 	}
 	defer c.life.exit()
 	p := c.policy(key)

@@ -89,8 +89,8 @@ func (c *Cache[T]) Serve(w http.ResponseWriter, r *http.Request, key string) {
 	if !httpenc.CheckMethod(w, r) {
 		return
 	}
-	if !c.life.enter() {
-		serveFailure(w, r, key, keyErr("get", key, ErrClosed), c.onError, c.serveError)
+	if err := c.life.begin(opGet, key); err != nil {
+		serveFailure(w, r, key, err, c.onError, c.serveError)
 		return
 	}
 	defer c.life.exit()

@@ -45,8 +45,8 @@ func SetTTL(d time.Duration) SetOption {
 // the key from later callers. If Set fails, Redis may or may not hold the
 // value; later Gets in this process read afresh either way.
 func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOption) error {
-	if !c.life.enter() {
-		return keyErr("set", key, ErrClosed)
+	if err := c.life.begin(opSet, key); err != nil {
+		return err
 	}
 	defer c.life.exit()
 	p := c.policy(key)
@@ -81,8 +81,8 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	if !c.life.enter() {
-		return keyErr("delete", keys[0], ErrClosed)
+	if err := c.life.begin(opDelete, keys[0]); err != nil {
+		return err
 	}
 	defer c.life.exit()
 	defer c.changed(written, keys...)
