@@ -20,8 +20,7 @@ import (
 // Leases: how long they live, how their holder keeps them alive, how a
 // read places one, and what a process remembers of the leases it may have
 // placed without knowing it. (What a lease is for, and the scripts that
-// take, store over and release it: see "Writes are never undone" in
-// write.go.)
+// take, store over and release it: see FORMAT.md, section 2.2.)
 //
 // A lease lives for leaseTTL, three Redis budgets, from when it is placed
 // or last extended. The load that holds it extends it every budget while

@@ -359,7 +359,7 @@ func TestKilledRedisFailsFast(t *testing.T) {
 	})
 }
 
-// TestRecommendedSettingsUnderSurge: the go-redis settings the README
+// TestRecommendedSettingsUnderSurge: the go-redis settings docs/operations.md
 // recommends, on a cold pool, with the cores saturated: 2,000 goroutines
 // make 5 Gets each of keys of their own. No Redis error is counted, no
 // breaker opens, and go-redis logs no dial failure.
@@ -411,7 +411,7 @@ func TestRecommendedSettingsUnderSurge(t *testing.T) {
 	}
 }
 
-// recommendedOptions are the go-redis settings the README recommends (its
+// recommendedOptions are the go-redis settings docs/operations.md recommends (its
 // "The go-redis client" section shows the same lines).
 func recommendedOptions(addr string) *redis.Options {
 	return &redis.Options{

@@ -255,7 +255,7 @@ func runOutage(cfg outageConfig, out io.Writer) (*outageReport, error) {
 	}
 	valid := func(i int, d Doc) bool { return d.Key == keys[i] && crc32.ChecksumIEEE([]byte(d.Body)) == d.Sum }
 
-	// The client as the README's section on it says.
+	// The client as docs/operations.md says.
 	newClient := func(pool int) *redis.Client {
 		return redis.NewClient(&redis.Options{Addr: srv.addr, ContextTimeoutEnabled: true,
 			DialTimeout: 200 * time.Millisecond, DialerRetries: 1, MaxRetries: -1, PoolSize: pool})
