@@ -199,8 +199,10 @@ func TestInvalidationPendingOnClusterMaster(t *testing.T) {
 		if v, err := c.Get(ctx, k); err != nil || v != "new" {
 			t.Fatalf("Get %s on a running master = %q, %v", k, v, err)
 		}
-		if d := time.Since(start); d > 250*time.Millisecond {
-			t.Errorf("a Delete and a Get on a running master took %v while another is stopped", d)
+		// Waiting on the stopped master would cost a Redis budget (300
+		// ms) at least: the bound is that, not a speed.
+		if d := time.Since(start); d >= 300*time.Millisecond {
+			t.Errorf("a Delete and a Get on a running master took %v while another is stopped: a Redis budget, as if they had waited on it", d)
 		}
 	}
 	if st := c.Stats(); st.Pending != 1 {
@@ -528,7 +530,7 @@ func TestPendingObserved(t *testing.T) {
 	c.Delete(ctx, "a")
 	c.Delete(ctx, "b")
 	s.Resume(t)
-	waitFor(t, 2*time.Second, "the invalidations landing", func() bool { return c.Stats().Pending == 0 })
+	waitFor(t, 15*time.Second, "the invalidations landing", func() bool { return c.Stats().Pending == 0 })
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	var pending []int
