@@ -19,7 +19,6 @@ var allCodecs = []codec.Codec{codec.None, codec.LZ4, codec.LZ4HC, codec.Snappy, 
 func TestRoundTripCodecsSizesSerializers(t *testing.T) {
 	// Not parallel: its 8 MiB values would add to the memory of the rest.
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
-		ctx := ctxT(t)
 		sizes := []int{0, 1, 100, 1023, 1024, 1025, 40 << 10, 128 << 10, 1 << 20}
 		if !testing.Short() {
 			sizes = append(sizes, 8<<20)
@@ -38,6 +37,9 @@ func TestRoundTripCodecsSizesSerializers(t *testing.T) {
 					if size == 8<<20 && (cd == codec.ZstdBest || cd == codec.LZ4HC || cd == codec.ZstdBetter || ser != packcache.JSON) {
 						continue // the slow levels, and gob, at 8 MiB add time and memory, not coverage
 					}
+					// A minute for each round trip, not for the whole table,
+					// which takes about that long under -race on a busy machine.
+					ctx := ctxT(t)
 					key := fmt.Sprintf("rt:%s:%T:%d", cd.Name(), ser, size)
 					want := makeChannel(uint64(size), size)
 					if err := c.Set(ctx, key, want); err != nil {

@@ -210,13 +210,17 @@ func (b *Node) changed(open bool) {
 }
 
 // refusedDial notes a dial to the node that failed; a refused one opens
-// the breaker and ends the node's calls under way (see ticks.abort).
-func (b *Node) refusedDial(f *dialFailure) {
+// the breaker. It reports whether it was refused: then the caller ends
+// the node's calls under way (ticks.abort), once every cache over the
+// client has been told, so that no call released by the abort finds a
+// breaker not yet open.
+func (b *Node) refusedDial(f *dialFailure) bool {
 	b.refusal.Store(f)
-	if Refused(f.err) {
-		b.trip()
-		b.ticks.abort()
+	if !Refused(f.err) {
+		return false
 	}
+	b.trip()
+	return true
 }
 
 // answered notes a reply from the node at now: it is alive, and nothing

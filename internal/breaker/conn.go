@@ -113,8 +113,14 @@ func (d dialHook) DialHook(next redis.DialHook) redis.DialHook {
 			if b, ok := ctx.Value(budgetKey{}).(*Budget); ok {
 				b.dialed.Store(f)
 			}
+			refusedBy := make([]*Node, 0, len(*p))
 			for _, n := range *p {
-				n.forAddr(addr).refusedDial(f)
+				if b := n.forAddr(addr); b.refusedDial(f) {
+					refusedBy = append(refusedBy, b)
+				}
+			}
+			for _, b := range refusedBy {
+				b.ticks.abort()
 			}
 			return conn, err
 		}
