@@ -20,7 +20,7 @@ import (
 
 // fetchMany reads keys in one pipeline, one round trip per node (see
 // roundTripMany), with the time to live of those whose policy needs it.
-func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
+func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 	out := make([]reply, len(keys))
 	gets := make([]*redis.StringCmd, len(keys))
 	pttls := make([]*redis.DurationCmd, len(keys))
@@ -45,71 +45,33 @@ func (c *Cache[T]) fetchMany(ctx context.Context, keys []string) []reply {
 	return out
 }
 
-// GetMany returns the values stored under keys, in one round trip per
-// Redis node. Each key is judged as Get without a loader judges it: keys
-// that hold no value, a value past its TTL kept only for StaleFor, a lease
-// or a remembered ErrNotFound are absent from the map. Values that cannot
-// be decoded, and keys Redis failed on (or whose node's breaker is open),
-// are left out of the map and reported in the error, which joins one
-// *Error per key; the map holds every value that could be read.
-func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, error) {
-	return c.getMany(ctx, keys, nil)
-}
-
-// GetOrLoadMany returns the values for keys, reading those Redis holds in
-// one round trip per node and loading the others with one call of fn,
-// which gets only the keys it must load. Each key is judged and acted on
-// as a read-through Get would: a miss, a value past its TTL, an
-// undecodable value and a Redis failure load (the last without storing,
-// unless WithStrictRedis makes it an error); another process's lease loads
-// without storing, or with WithLock is waited for; a value due for refresh
-// is returned and refreshed in the background. Keys this process is
-// already loading from the same state (by a Get or another GetOrLoadMany)
-// are waited for instead of passed to fn. Loaded values are stored with
-// their keys' policies, under the same leases and digests as Get's loads,
-// so a write during the load is never undone. Keys fn leaves out of its
-// map are not found: absent from the result and, with a NegativeTTL,
-// remembered as such.
-//
-// fn runs on a goroutine of the cache's, under a context with the caller's
-// values, bounded by WithLoadTimeout; a panic in it becomes a *PanicError
-// for its keys. The error joins one *Error per key that failed; the map
-// holds every value that could be had. If ctx ends first, the map holds
-// what had arrived and the error is ctx.Err().
-func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx context.Context, missing []string) (map[string]T, error)) (map[string]T, error) {
-	if fn == nil {
-		return nil, errors.New("packcache: GetOrLoadMany with nil function")
-	}
-	return c.getMany(ctx, keys, manyLoader[T](fn))
-}
-
 // getMany is GetMany, and with a loader GetOrLoadMany: each key is judged
 // and acted on by rule, as Get does, over one pipeline per node; the keys
 // to load are loaded together, with one call of ld.
-func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (map[string]T, error) {
+func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[string]any, error) {
 	if err := c.life.begin(opGet, first(keys)); err != nil {
 		return nil, err
 	}
 	defer c.life.exit()
 	if err := ctx.Err(); err != nil {
-		return map[string]T{}, err
+		return map[string]any{}, err
 	}
 	keys = dedupe(keys)
-	found := make(map[string]T, len(keys))
+	found := make(map[string]any, len(keys))
 	if len(keys) == 0 {
 		return found, nil
 	}
 	readThrough := ld != nil
 	var errs []error
 	var toLoad []string
-	from := map[string]judgement[T]{}
+	from := map[string]judgement{}
 	keys, tickets := c.nearMany(keys, found)
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.policy(k)
 		j := c.judge(k, p, rp, readThrough)
 		if c.owed.Has(k) {
-			j = judgement[T]{v: vOwed} // see get
+			j = judgement{v: vOwed} // see get
 		}
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
 			c.keepNear(k, p, tickets[i], j)
@@ -148,8 +110,8 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 	if len(toLoad) == 0 {
 		return found, errors.Join(errs...)
 	}
-	var jobs []loadJob[T]
-	calls := make([]*call[result[T]], len(toLoad))
+	var jobs []loadJob
+	calls := make([]*call[result], len(toLoad))
 	joined := make([]bool, len(toLoad))
 	for i, k := range toLoad {
 		p := c.policy(k)
@@ -158,7 +120,7 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 		if joined[i] {
 			inc(&p.stats.CoalescedWaits)
 		} else {
-			jobs = append(jobs, loadJob[T]{key: k, p: p, from: from[k], token: token, cl: calls[i]})
+			jobs = append(jobs, loadJob{key: k, p: p, from: from[k], token: token, cl: calls[i]})
 		}
 	}
 	if len(jobs) > 0 {
@@ -186,7 +148,7 @@ func (c *Cache[T]) getMany(ctx context.Context, keys []string, ld loadFunc[T]) (
 // nearMany answers from the near caches the keys they hold, into found,
 // and returns the others, with the tickets of those that have a near
 // cache (nil when none has), taken before they are read.
-func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []ticket) {
+func (c *cache) nearMany(keys []string, found map[string]any) ([]string, []ticket) {
 	if c.nears == nil {
 		return keys, nil
 	}
@@ -195,7 +157,7 @@ func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []tick
 		p := c.policy(k)
 		if p.near != nil {
 			if e, ok := p.near.get(k); ok {
-				if v, err := c.deliver(k, p, result[T]{val: e.val, data: e.data, from: fromNear}, nil, false); err == nil {
+				if v, err := c.deliver(k, p, result{val: e.val, data: e.data, from: fromNear}, nil, false); err == nil {
 					found[k] = v
 					continue
 				}
@@ -210,11 +172,8 @@ func (c *Cache[T]) nearMany(keys []string, found map[string]T) ([]string, []tick
 	return rest, tickets
 }
 
-// SetMany stores items, each with its key's policy, in one round trip per
-// Redis node. The error joins one *Error per key that failed; the others
-// are stored. Each stored key has Set's guarantee: no load begun before it
-// stores over it.
-func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetOption) error {
+// setMany is SetMany, with each value a *T.
+func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOption) error {
 	if err := c.life.begin(opSet, first(slices.Sorted(maps.Keys(items)))); err != nil {
 		return err
 	}
@@ -277,7 +236,7 @@ func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetO
 // delMany deletes keys with one DEL per key in a pipeline: a multi-key DEL
 // fails on a cluster when the keys' slots differ, and the pipeline still
 // costs one round trip per node.
-func (c *Cache[T]) delMany(ctx context.Context, keys []string) error {
+func (c *cache) delMany(ctx context.Context, keys []string) error {
 	w := owed.Write{Op: "delete", Keys: keys}
 	return errors.Join(c.owed.Write(ctx, &w, func() []error {
 		return c.roundTripMany(ctx, "delete", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {

@@ -4,28 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"net/http"
 	"reflect"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/packcache/packcache/codec"
-	"github.com/packcache/packcache/internal/breaker"
-	"github.com/packcache/packcache/internal/dictset"
-	"github.com/packcache/packcache/internal/httpenc"
-	"github.com/packcache/packcache/internal/owed"
-	"github.com/packcache/packcache/internal/tracking"
 )
 
-// tombstone is the whole stored value that remembers a loader's
-// ErrNotFound. See FORMAT.md.
-const tombstone = codec.HeaderTombstone
-
 // A Cache stores values of type T in Redis. It is safe for concurrent use.
+//
+// A Cache is a typed shell over a core that works in bytes: only what
+// must know T (encoding, decoding, handing values out) is compiled for
+// each T.
 //
 // WARNING: values handed to callers that coalesced are shared: callers of
 // Get for one key that overlap, or that come within the share window of
@@ -33,115 +23,8 @@ const tombstone = codec.HeaderTombstone
 // ([]byte, slices, maps, pointers) they must treat it as read-only.
 // WithDecodePerCaller gives each caller its own.
 type Cache[T any] struct {
-	rdb          redis.UniversalClient
-	ser          Serializer
-	raw          bool // T is []byte or json.RawMessage: stored as is
-	ptr          bool // T is a pointer: a loader's nil is refused
-	maxSize      int
-	loadTimeout  time.Duration
-	redisTimeout time.Duration
-	coalesce     bool
-	perCaller    bool
-	strict       bool
-	lockWait     time.Duration
-	onError      func(ctx context.Context, key string, err error)
-	serveError   ServeErrorFunc
-	obs          Observer // nil: none
-	base         *policy[T]
-	prefixes     []*policy[T]   // longest prefix first
-	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
-	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
-
-	lookups group[result[T], flight[T]] // Gets without a loader: read and decode
-	reads   group[result[T], flight[T]] // Gets with a loader: read, decode, and load on a miss
-	loads   registry[T]                 // loads, shared by the reads that found the same state
-	leases  leaseBook                   // unsure leases, and nodes that refuse SET NX GET (lease.go)
-
-	life  life
-	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
-	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
-
-	// The near caches (WithLocalCache), their invalidation stream, and
-	// the marks that keep a read begun before a write out of them.
-	nears    []*near[T]
-	tracker  *tracking.Tracker
-	marks    marks
-	nearOnce sync.Once
+	core *cache
 }
-
-// needsPTTL reports whether a read of a key under p must learn the time the
-// value has to live: to tell a stale value or one due for refresh, and to
-// cap a near-cache entry's life by it (Redis tells of an expiry only when
-// it gets round to deleting the key).
-func (p *policy[T]) needsPTTL() bool {
-	return p.refreshAfter > 0 || p.staleFor > 0 || p.near != nil
-}
-
-// policy is a Policy resolved: every field set, in the form the cache
-// uses, with its counters.
-type policy[T any] struct {
-	prefix       string
-	codec        codec.Codec
-	compress     bool // whether values above threshold are compressed
-	threshold    int  // values longer than this are compressed
-	minSaving    int  // bytes compression must save, at least 1
-	ttl          time.Duration
-	jitter       float64       // 0: none
-	loader       Loader[T]     // nil: none
-	negativeTTL  time.Duration // 0: not remembered
-	refreshAfter time.Duration // 0: no refresh
-	staleFor     time.Duration // 0: no stale window
-	near         *near[T]      // nil: no near cache
-	stats        *counters
-
-	// The policy's zstd dictionary, if any, and the dictionary set's way
-	// to Redis for keys under the policy (dict.go).
-	dict      *dictset.Writer // nil: no dictionary; else codec is its codec
-	undict    codec.Codec     // with dict: the zstd codec of its level, for when it cannot be published
-	dictRedis dictRedis[T]
-}
-
-// result is what shared work hands its callers.
-type result[T any] struct {
-	val   T
-	data  []byte // the serialized value, when each caller decodes its own
-	size  int    // the serialized value's length, when decoded from Redis
-	from  source
-	stale bool
-	// joined: the read that produced it joined a load another began, so
-	// its callers shared work (for Stats and the Observer).
-	joined bool
-	// expires is when the value read expires in Redis, in unix
-	// nanoseconds, when known (0 otherwise): it is shared no later.
-	expires int64
-	// stored is the value as Redis holds it, when read from there: Serve
-	// may send it as it is. edge is what Serve keeps of a near-cache
-	// entry (nil: nothing yet). See serve.go.
-	stored string
-	edge   *httpenc.Edge
-}
-
-// shareUntil says until when, in unix nanoseconds, a finished read with
-// this outcome may be shared with later callers: values and misses may,
-// for the share window but never past the value's expiry; errors and
-// stale values may not (0), so that the next caller tries again.
-func (r result[T]) shareUntil(err error) int64 {
-	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale {
-		return 0
-	}
-	if r.expires != 0 {
-		return r.expires
-	}
-	return 1<<63 - 1
-}
-
-type source uint8
-
-const (
-	fromRedis  source = iota
-	fromLoader        // a load
-	fromNear          // the near cache
-)
 
 // New returns a Cache over rdb. Invalid options are reported here, not
 // later, and so is a go-redis client whose ContextTimeoutEnabled is false:
@@ -149,197 +32,232 @@ const (
 // with (WithRedisTimeout), and a hung Redis would stall every caller for
 // the client's own timeouts and retries.
 func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
-	if rdb == nil {
-		return nil, errors.New("packcache: nil redis client")
-	}
-	if err := checkClient(rdb); err != nil {
+	c, err := newCache(rdb, kindOf[T](), opts)
+	if err != nil {
 		return nil, err
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, fmt.Errorf("packcache: %w", err)
-		}
-	}
-	if err := cfg.applyEnv(); err != nil {
-		return nil, fmt.Errorf("packcache: %w", err)
-	}
-	c := &Cache[T]{
-		rdb:          rdb,
-		ser:          cfg.serializer,
-		raw:          isRaw[T](),
-		ptr:          reflect.TypeFor[T]().Kind() == reflect.Pointer,
-		maxSize:      cfg.maxValueSize,
-		loadTimeout:  cfg.loadTimeout,
-		redisTimeout: cfg.redisTimeout,
-		coalesce:     cfg.coalesce,
-		perCaller:    cfg.perCaller,
-		strict:       cfg.strict,
-		lockWait:     cfg.lockWait,
-		onError:      cfg.errorHandler,
-		serveError:   cfg.serveError,
-		obs:          cfg.observer,
-		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
-	}
-	for _, g := range []*group[result[T], flight[T]]{&c.lookups, &c.reads} {
-		g.window, g.life = int64(cfg.shareWindow), &c.life
-	}
-	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
-	c.life.init()
-	c.leases.init()
-	c.owed.Init(owedStore[T]{c}, c.redisTimeout)
-	var err error
-	if c.base, err = resolve(c, "", cfg.base); err != nil {
-		return nil, cfg.envErr("", err)
-	}
-	for _, prefix := range cfg.sortedPrefixes() {
-		p, err := resolve(c, prefix, cfg.prefixPolicy(prefix))
-		if err != nil {
-			return nil, cfg.envErr(prefix, err)
-		}
-		c.prefixes = append(c.prefixes, p)
-	}
-	c.peers.watch(rdb) // before the near cache's tracker meets the nodes
-	if err := c.startNear(rdb, cfg); err != nil {
-		return nil, err
-	}
-	c.nodes.Watch(rdb)
-	return c, nil
+	return &Cache[T]{c}, nil
 }
 
-// checkClient refuses a go-redis client that ignores context deadlines.
-func checkClient(rdb redis.UniversalClient) error {
-	var on bool
-	switch c := rdb.(type) {
-	case *redis.Client:
-		on = c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		on = c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		on = c.Options().ContextTimeoutEnabled
-	default:
-		return nil // a client of another kind: its deadlines are its own
-	}
-	if !on {
-		return errors.New("packcache: the redis client ignores context deadlines: set ContextTimeoutEnabled: true in its options, so that the cache's Redis time budget (WithRedisTimeout) bounds each call")
-	}
-	return nil
+// Get returns the value stored under key.
+//
+// Without a loader for key, a key that holds no value returns ErrMiss. With
+// one (WithLoader, or the Loader of the key's Policy), Get reads through:
+// on a miss it calls the loader, stores the value with the key's policy and
+// returns it; see Loader for what else read-through does, and for the
+// lease that keeps a write made during the load from being undone.
+//
+// Concurrent Gets of one key in one process share one Redis read, one
+// decompression and one decode, and on a miss one loader call. Every
+// caller, the first included, waits for the shared work or until its own
+// context is done, when it returns ctx.Err() and the work goes on for the
+// others: the read runs detached from the first caller's cancellation,
+// bounded by the Redis budget (WithRedisTimeout), and the load likewise,
+// bounded by WithLoadTimeout. A first caller whose context cannot end reads
+// on its own goroutine. The value is shared among them, and with callers
+// that come within the share window (see Cache and WithShareWindow). A Set
+// or Delete of the key through this cache detaches the reads and loads
+// under way from later callers.
+//
+// When Redis fails, or key's node's circuit breaker is open, a read-through
+// Get answers from the loader within the Redis budget plus the load time;
+// a Get without a loader returns an error matching ErrRedis (and
+// ErrCircuitOpen when the breaker is open). A read-through Get that finds
+// Redis unavailable joins the load of key already under way in this
+// process, if no write of this process came after it began, rather than
+// start another: its value is then what the source held when that load
+// began, at most WithLoadTimeout earlier (with WithShareWindow(Off), it
+// starts its own). Only a node that failed is
+// judged to: a read that ran out of its budget because this process was
+// too busy to make it in time (its goroutine waited for a CPU, a
+// connection or a dial, while the node answered) is made once more and
+// counts as no failure of Redis's; see WithRedisTimeout.
+//
+// A stored value that cannot be decoded is an error naming the key and
+// matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
+// without a loader, the value is left in Redis untouched.
+//
+// A value written with a zstd dictionary (Policy.Dictionary) is decoded
+// with it, whatever this cache's policies say: a dictionary the cache does
+// not hold is fetched from Redis once, shared by concurrent Gets (they
+// wait for it for up to the Redis budget, whatever their contexts) and
+// verified against the id the value names. If Redis does not hold it, or
+// holds something else under its key, the error matches
+// codec.ErrUnknownDictionary and names the id, and the value is kept: a
+// read-through Get answers from the loader and stores nothing over it, as
+// when Redis fails.
+//
+// WARNING: a loader that calls Get for the key it is loading gets
+// ErrReentrantLoad; see Loader.
+func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
+	v, err := c.core.getOne(ctx, key, nil)
+	return valueOf[T](v), err
 }
 
-// resolve turns a merged Policy into c's form of it. Its dictionary, if
-// any, joins c.dicts.
-func resolve[T any](c *Cache[T], prefix string, p Policy) (*policy[T], error) {
-	rp := &policy[T]{
-		stats:     &counters{},
-		prefix:    prefix,
-		codec:     p.Codec,
-		compress:  p.CompressAbove != Off && p.Codec.ID() != codec.HeaderNone,
-		threshold: max(p.CompressAbove, 0),
-		minSaving: max(p.MinSaving, 1),
-		ttl:       p.TTL,
-		jitter:    max(p.TTLJitter, 0),
+// GetOrLoad is Get with fn as the loader for this call, whatever loader
+// the cache has.
+//
+// WARNING: concurrent calls for one key share one load, of whichever fn
+// came first: the fn of a caller that joined another's load is not called.
+func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx context.Context) (T, error)) (T, error) {
+	if fn == nil {
+		var zero T
+		return zero, errors.New("packcache: GetOrLoad with nil function")
 	}
-	switch p.CompressAbove {
-	case CompressAll:
-		rp.threshold = 0
-	case 0:
-		rp.threshold = defaultCompressAbove
-		if p.Dictionary != nil {
-			rp.threshold = codec.DictionaryCompressAbove
-		}
-	}
-	if p.Dictionary != nil {
-		d, dc, err := c.dicts.Writer(p.Dictionary, p.Codec)
-		if err != nil {
-			return nil, fmt.Errorf("packcache: prefix %q: %w", prefix, err)
-		}
-		if rp.compress {
-			rp.dict, rp.codec, rp.undict = d, dc, p.Codec
-		}
-	}
-	rp.dictRedis = dictRedis[T]{c, rp}
-	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
-	if p.Loader != nil && p.Loader != any(Off) {
-		l, ok := p.Loader.(Loader[T])
-		if !ok {
-			return nil, fmt.Errorf("packcache: loader for prefix %q is a %T, not a Loader[%s]", prefix, p.Loader, reflect.TypeFor[T]())
-		}
-		rp.loader = l
-	}
-	if rp.refreshAfter > 0 && rp.ttl != Off && rp.refreshAfter >= rp.ttl {
-		return nil, fmt.Errorf("packcache: prefix %q: RefreshAfter %v is not shorter than TTL %v", prefix, rp.refreshAfter, rp.ttl)
-	}
-	return rp, nil
+	v, err := c.core.getOne(ctx, key, func(ctx context.Context, _ string) (any, error) {
+		v, err := fn(ctx)
+		return &v, err
+	})
+	return valueOf[T](v), err
 }
 
-func isRaw[T any]() bool {
-	t := reflect.TypeFor[T]()
-	return t == reflect.TypeFor[[]byte]() || t == reflect.TypeFor[json.RawMessage]()
+// GetMany returns the values stored under keys, in one round trip per
+// Redis node. Each key is judged as Get without a loader judges it: keys
+// that hold no value, a value past its TTL kept only for StaleFor, a lease
+// or a remembered ErrNotFound are absent from the map. Values that cannot
+// be decoded, and keys Redis failed on (or whose node's breaker is open),
+// are left out of the map and reported in the error, which joins one
+// *Error per key; the map holds every value that could be read.
+func (c *Cache[T]) GetMany(ctx context.Context, keys []string) (map[string]T, error) {
+	m, err := c.core.getMany(ctx, keys, nil)
+	return valuesOf[T](m), err
 }
 
-// life counts the calls and the background work in progress, so that
-// Close can refuse new calls and wait for those under way.
-type life struct {
-	// state is closedBit once Close has begun, plus the number of calls
-	// and goroutines of the cache's in progress.
-	state  atomic.Int64
-	idle   chan struct{} // closed when, after Close, nothing is in progress
-	once   sync.Once
-	ctx    context.Context // ends background work that outlives Close's wait
-	cancel context.CancelFunc
-}
-
-const closedBit = 1 << 62
-
-func (l *life) init() {
-	l.idle = make(chan struct{})
-	l.ctx, l.cancel = context.WithCancel(context.Background())
-}
-
-// enter registers a call, unless the cache is closed.
-func (l *life) enter() bool {
-	if l.state.Add(1)&closedBit != 0 {
-		l.exit()
-		return false
+// GetOrLoadMany returns the values for keys, reading those Redis holds in
+// one round trip per node and loading the others with one call of fn,
+// which gets only the keys it must load. Each key is judged and acted on
+// as a read-through Get would: a miss, a value past its TTL, an
+// undecodable value and a Redis failure load (the last without storing,
+// unless WithStrictRedis makes it an error); another process's lease loads
+// without storing, or with WithLock is waited for; a value due for refresh
+// is returned and refreshed in the background. Keys this process is
+// already loading from the same state (by a Get or another GetOrLoadMany)
+// are waited for instead of passed to fn. Loaded values are stored with
+// their keys' policies, under the same leases and digests as Get's loads,
+// so a write during the load is never undone. Keys fn leaves out of its
+// map are not found: absent from the result and, with a NegativeTTL,
+// remembered as such.
+//
+// fn runs on a goroutine of the cache's, under a context with the caller's
+// values, bounded by WithLoadTimeout; a panic in it becomes a *PanicError
+// for its keys. The error joins one *Error per key that failed; the map
+// holds every value that could be had. If ctx ends first, the map holds
+// what had arrived and the error is ctx.Err().
+func (c *Cache[T]) GetOrLoadMany(ctx context.Context, keys []string, fn func(ctx context.Context, missing []string) (map[string]T, error)) (map[string]T, error) {
+	if fn == nil {
+		return nil, errors.New("packcache: GetOrLoadMany with nil function")
 	}
-	return true
+	m, err := c.core.getMany(ctx, keys, manyLoader(func(ctx context.Context, keys []string) (map[string]any, error) {
+		vs, err := fn(ctx, keys)
+		return pointersTo(vs), err
+	}))
+	return valuesOf[T](m), err
 }
 
-// begin registers a call of op on key (a batch call's first key) with the
-// cache's life, as enter does, or returns the error every call made once
-// the cache is closed returns: an *Error naming op and key, matching
-// ErrClosed.
-func (l *life) begin(op, key string) error {
-	if !l.enter() {
-		return keyErr(op, key, ErrClosed)
-	}
-	return nil
+// Set stores value under key with the key's policy: serialized, compressed
+// when above the policy's threshold and when that saves at least its
+// minimum, with its TTL.
+//
+// Once Set returns, no load of key that began before it, in any process,
+// stores its value over this one, and no Get of this process that starts
+// afterwards returns an older value: Set overwrites the lease of a load in
+// progress (see Loader) and detaches this process's reads and loads of
+// the key from later callers. If Set fails, Redis may or may not hold the
+// value; later Gets in this process read afresh either way.
+func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOption) error {
+	return c.core.setOne(ctx, key, &value, opts)
 }
 
-// exit ends a call or a piece of background work.
-func (l *life) exit() {
-	if l.state.Add(-1) == closedBit {
-		l.once.Do(func() { close(l.idle) })
-	}
+// SetMany stores items, each with its key's policy, in one round trip per
+// Redis node. The error joins one *Error per key that failed; the others
+// are stored. Each stored key has Set's guarantee: no load begun before it
+// stores over it.
+func (c *Cache[T]) SetMany(ctx context.Context, items map[string]T, opts ...SetOption) error {
+	return c.core.setMany(ctx, pointersTo(items), opts)
 }
 
-// spawn registers background work started by a call in progress, whose
-// own registration keeps Close waiting: so it may start even after Close
-// has begun.
-func (l *life) spawn() { l.state.Add(1) }
-
-// trySpawn is spawn for work that a caller could as well do itself: it
-// refuses once Close has begun.
-func (l *life) trySpawn() bool {
-	if l.state.Load()&closedBit != 0 {
-		return false
-	}
-	l.spawn()
-	return true
+// Delete removes keys. Keys that do not exist are not an error. On Redis
+// Cluster the keys may live in different slots.
+//
+// Once Delete returns, no load of these keys that began before it, in any
+// process, stores its value, and no Get of this process that starts
+// afterwards returns a value read or loaded before it; see Set.
+func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
+	return c.core.remove(ctx, keys...)
 }
+
+// Serve writes the value of key as the response to r: read through as Get
+// reads it (the loader, coalescing, the near cache, StaleFor and
+// RefreshAfter all apply, and the read counts in Stats as a Get), under
+// r's context.
+//
+// The body is chosen by the request's Accept-Encoding, whose q-values are
+// honoured (a coding at q=0 is refused; among those accepted the highest q
+// wins, and on a tie the smaller body):
+//
+//   - zstd: a value stored with zstd (header 0x04) is sent as the stored
+//     frame, byte for byte, with Content-Encoding: zstd: no decompression,
+//     no encoding. Browsers refuse frames whose window exceeds 8 MiB
+//     (RFC 9659); such a value, a value written with a dictionary (0x05),
+//     and a value stored otherwise (LZ4, Snappy, plain) is served as the
+//     serialized value below, never re-encoded as zstd.
+//   - gzip: the serialized value gzipped, when it is at least 1 KiB and
+//     gzip makes it smaller.
+//   - identity: the serialized value as it is. A request without
+//     Accept-Encoding gets it, as does one that accepts nothing Serve has
+//     unless it refuses identity too (identity;q=0 or *;q=0), which gets
+//     406 Not Acceptable.
+//
+// The serialized value is the stored payload: a plain value as Redis holds
+// it, a compressed one decompressed. A value just loaded has no stored
+// form to pass on: it is serialized again and served gzipped or as it is,
+// and the next request, which reads what the load stored, gets the zstd
+// frame.
+//
+// Every 200 has Content-Type, Content-Length, Vary: Accept-Encoding
+// (added to the application's own Vary), and a strong ETag: a hash of
+// the body's bytes, marked with its content coding, so that each coding
+// of a value has its own. Content-Type is application/json for the JSON
+// serializers and for a Cache of json.RawMessage; a Serializer with a
+// method ContentType() string names its own; others, and a Cache of
+// []byte, get application/octet-stream. A Content-Type the application
+// set on w before calling Serve is kept, as are its other headers (such
+// as Cache-Control). A request whose If-None-Match matches the ETag of the
+// body it would get is answered 304 Not Modified, without a body. HEAD
+// gets the headers of GET and no body. Other methods get 405 with Allow:
+// GET, HEAD.
+//
+// Errors are statuses: ErrNotFound and ErrMiss are 404 Not Found;
+// ErrClosed, and a failure of Redis (ErrRedis, ErrCircuitOpen) that the
+// cache could not answer from a loader, are 503 Service Unavailable, as
+// is a read cut short by the end of r's context (the client went away, or
+// the server's deadline passed); every other error is 500 Internal Server
+// Error. Errors of a 500, and Redis failures other than an open circuit,
+// go to the error handler (WithErrorHandler). The body of an error is its
+// status text, which names neither the key nor the error, unless
+// WithServeError writes it.
+//
+// With a near cache (WithLocalCache), a hot key costs Serve no Redis read
+// and no decompression per request: from the first Serve of a key of a
+// near cache on, that near cache keeps with each value it holds the value
+// as stored, and the bodies Serve makes from it, each made once (the
+// decompressed value and its gzipped form, as clients ask for them) and
+// weighed in its bound: an entry weighs what it did for Get (its key, its
+// serialized length and an overhead) plus the stored value and the bodies
+// made. An entry made before that first Serve is replaced on its next
+// Serve by a read of Redis. Invalidation and the TTL rule these as they
+// rule the entry: they are the entry.
+//
+// WARNING: for a key that holds a value written by another writer with a
+// zstd frame whose content is not what the serializer would read (say, a
+// document in another format), Serve passes the frame on all the same:
+// the stored frame is what it sends.
+func (c *Cache[T]) Serve(w http.ResponseWriter, r *http.Request, key string) {
+	c.core.serve(w, r, key)
+}
+
+// Stats returns a snapshot of the cache's counters.
+func (c *Cache[T]) Stats() Stats { return c.core.stats() }
 
 // Close closes the cache. Calls made after Close begins fail with an error
 // matching ErrClosed. Close waits for the calls under way and the cache's
@@ -360,72 +278,89 @@ func (l *life) trySpawn() bool {
 //
 // Close does not close the Redis client. It is idempotent and safe to call
 // concurrently with any call, and with itself.
-func (c *Cache[T]) Close() error {
-	if old := c.life.state.Or(closedBit); old&^closedBit == 0 {
-		c.life.once.Do(func() { close(c.life.idle) })
-	}
-	defer c.closeNear()
-	defer c.nodes.Close()
-	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
-	defer t.Stop()
-	select {
-	case <-c.life.idle:
-		return closeOwed(&c.owed, &c.peers)
-	case <-t.C:
-	}
-	c.life.cancel()
-	t.Reset(c.redisTimeout)
-	select {
-	case <-c.life.idle:
-		return closeOwed(&c.owed, &c.peers)
-	case <-t.C:
-		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
-	}
+func (c *Cache[T]) Close() error { return c.core.close() }
+
+// A kind is what the core knows of the cache's T. Values pass through
+// the core as an any holding a *T, so that a value decoded once is handed
+// to each caller without another allocation.
+type kind struct {
+	t   reflect.Type
+	raw bool // T is []byte or json.RawMessage: stored as is
+
+	new       func() any                  // a new *T
+	fromBytes func(b []byte) any          // raw T: b as a *T
+	bytes     func(v any) []byte          // raw T: the bytes a *T holds
+	isNil     func(v any) bool            // pointer T: whether a *T holds nil; nil for other T
+	loader    func(l any) (loadOne, bool) // a Loader[T] as the core's loader
 }
 
-// closeNear stops the near caches' goroutines, once.
-func (c *Cache[T]) closeNear() {
-	c.nearOnce.Do(func() {
-		if c.tracker != nil {
-			c.tracker.Close()
-		}
-		for _, n := range c.nears {
-			n.entries.StopAllGoroutines()
-		}
-		c.changed(flushed)
-	})
+// A loadOne is a loader of one key, as the core calls it: it returns a
+// *T.
+type loadOne func(ctx context.Context, key string) (any, error)
+
+func kindOf[T any]() kind {
+	t := reflect.TypeFor[T]()
+	k := kind{
+		t:   t,
+		raw: t == reflect.TypeFor[[]byte]() || t == reflect.TypeFor[json.RawMessage](),
+		new: func() any { return new(T) },
+		fromBytes: func(b []byte) any {
+			v := new(T)
+			*(*[]byte)(unsafe.Pointer(v)) = b
+			return v
+		},
+		bytes: func(v any) []byte {
+			if p, _ := v.(*T); p != nil {
+				return *(*[]byte)(unsafe.Pointer(p))
+			}
+			return nil
+		},
+		loader: func(l any) (loadOne, bool) {
+			ld, ok := l.(Loader[T])
+			if !ok {
+				return nil, false
+			}
+			return func(ctx context.Context, key string) (any, error) {
+				v, err := ld.Load(ctx, key)
+				return &v, err
+			}, true
+		},
+	}
+	if t.Kind() == reflect.Pointer {
+		k.isNil = func(v any) bool { return *(*unsafe.Pointer)(unsafe.Pointer(v.(*T))) == nil }
+	}
+	return k
 }
 
-func (c *Cache[T]) policy(key string) *policy[T] {
-	for _, p := range c.prefixes {
-		if strings.HasPrefix(key, p.prefix) {
-			return p
-		}
+// valueOf is the T a *T from the core holds, or T's zero value for none.
+func valueOf[T any](v any) T {
+	if p, _ := v.(*T); p != nil {
+		return *p
 	}
-	return c.base
+	var zero T
+	return zero
 }
 
-// Stats returns a snapshot of the cache's counters.
-func (c *Cache[T]) Stats() Stats {
-	s := Stats{Prefixes: make(map[string]Counters, len(c.prefixes)+1)}
-	s.Counters.Codecs = map[string]CodecStats{}
-	for _, p := range append([]*policy[T]{c.base}, c.prefixes...) {
-		snap := p.stats.snapshot()
-		s.Prefixes[p.prefix] = snap
-		s.Counters.add(snap)
+// valuesOf is a map of *T from the core as a map of T.
+func valuesOf[T any](m map[string]any) map[string]T {
+	if m == nil {
+		return nil
 	}
-	for _, n := range c.nears {
-		s.NearBytes += n.entries.WeightedSize()
+	out := make(map[string]T, len(m))
+	for k, v := range m {
+		out[k] = valueOf[T](v)
 	}
-	s.NearServing = c.tracker != nil && len(c.nears) > 0 && c.nears[0].gate.Open()
-	o := c.owed.Stats()
-	s.Pending, s.PendingKept, s.PendingApplied, s.PendingExpired, s.PendingDropped = o.Owed, o.Kept, o.Applied, o.Expired, o.Dropped
-	return s
+	return out
 }
 
-func (c *Cache[T]) report(ctx context.Context, key string, err error) {
-	if c.onError != nil {
-		c.onError(ctx, key, err)
+// pointersTo is a map of T as the core takes it: a map of *T.
+func pointersTo[T any](m map[string]T) map[string]any {
+	if m == nil {
+		return nil
 	}
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = &v
+	}
+	return out
 }

@@ -243,7 +243,7 @@ func TestGroupZeroWindow(t *testing.T) {
 // token; others start their own.
 func TestRegistryLoadTokens(t *testing.T) {
 	t.Parallel()
-	var g registry[int]
+	var g registry
 	a, ok := g.claim("k", "lease-1", true, true)
 	if ok {
 		t.Fatal("first claim joined")
@@ -256,7 +256,7 @@ func TestRegistryLoadTokens(t *testing.T) {
 	}
 	// a is detached but still finishes for its waiters.
 	g.forget("k")
-	if !g.finish("k", a, result[int]{val: 5}, nil) || g.finish("k", a, result[int]{val: 6}, nil) {
+	if !g.finish("k", a, result{val: 5}, nil) || g.finish("k", a, result{val: 6}, nil) {
 		t.Fatal("finish must publish once")
 	}
 	if r, err := wait(context.Background(), a); r.val != 5 || err != nil {

@@ -16,14 +16,14 @@ import (
 
 // dictRedis is the dictionary set's way to Redis for the reads and writes
 // of keys under p (dictset.Redis).
-type dictRedis[T any] struct {
-	c *Cache[T]
-	p *policy[T]
+type dictRedis struct {
+	c *cache
+	p *policy
 }
 
 // GetRange reads key under the cache's Redis budget and with its life's
 // context, not a caller's: a fetch serves every read waiting for it.
-func (r *dictRedis[T]) GetRange(key string, start, end int64) ([]byte, error) {
+func (r *dictRedis) GetRange(key string, start, end int64) ([]byte, error) {
 	var b []byte
 	err := r.c.roundTrip(r.c.life.ctx, "get", key, r.p, true, func(ctx context.Context) (err error) {
 		b, err = r.c.rdb.GetRange(ctx, key, start, end).Bytes()
@@ -33,7 +33,7 @@ func (r *dictRedis[T]) GetRange(key string, start, end int64) ([]byte, error) {
 }
 
 // RunScript runs script on key, as a write of key.
-func (r *dictRedis[T]) RunScript(ctx context.Context, script *redis.Script, key string, args ...any) error {
+func (r *dictRedis) RunScript(ctx context.Context, script *redis.Script, key string, args ...any) error {
 	err := r.c.roundTripMany(ctx, "set", []string{key}, true, func(ctx context.Context, pipe redis.Cmdable, _ int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, script, sha, key, args...)
 	})[0]
@@ -41,7 +41,7 @@ func (r *dictRedis[T]) RunScript(ctx context.Context, script *redis.Script, key 
 }
 
 // Failed reports whether err is a Redis failure (ErrRedis).
-func (r *dictRedis[T]) Failed(err error) bool { return errors.Is(err, ErrRedis) }
+func (r *dictRedis) Failed(err error) bool { return errors.Is(err, ErrRedis) }
 
 // redisCause is a roundTrip error for a dictionary's key without the
 // *Error naming that key: the error returned names the value's key.

@@ -30,7 +30,7 @@ import (
 // leaseTTL is how long a lease lives unless its holder extends it: three
 // Redis budgets, so that one extension that fails or waits out its whole
 // budget still leaves the lease a budget to live before the next.
-func (c *Cache[T]) leaseTTL() time.Duration { return 3 * c.redisTimeout }
+func (c *cache) leaseTTL() time.Duration { return 3 * c.redisTimeout }
 
 // A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
 // and a counter, so that a read that may place a lease makes its token
@@ -40,7 +40,7 @@ var leaseSeq atomic.Uint64
 
 // newLease returns a fresh lease value: the lease header byte and a
 // 16-byte token unique to this cache (its tag and a counter).
-func (c *Cache[T]) newLease() string {
+func (c *cache) newLease() string {
 	var b [17]byte
 	b[0] = codec.HeaderLease
 	copy(b[1:9], c.leases.tag[:])
@@ -49,7 +49,7 @@ func (c *Cache[T]) newLease() string {
 }
 
 // tagged reports whether lease is one of this cache's (by its tag).
-func (c *Cache[T]) tagged(lease string) bool {
+func (c *cache) tagged(lease string) bool {
 	return len(lease) == 17 && lease[1:9] == string(c.leases.tag[:])
 }
 
@@ -65,7 +65,7 @@ const placerWait = 100 * time.Millisecond
 // the read that placed it has registered its load: that one is on its
 // way, as the lease in Redis shows, and is joined rather than loaded
 // beside without storing.
-func (l *loadRun[T]) awaitPlacer(ctx context.Context, key, lease string, self *call[result[T]]) *call[result[T]] {
+func (l *loadRun) awaitPlacer(ctx context.Context, key, lease string, self *call[result]) *call[result] {
 	deadline := time.Now().Add(min(l.c.redisTimeout, placerWait))
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
@@ -99,8 +99,8 @@ return 0`)
 // own: a load that ends within a budget, as most do, costs it one timer
 // and no goroutine; each extension runs on the timer's goroutine, which
 // ends with it.
-type keeper[T any] struct {
-	c            *Cache[T]
+type keeper struct {
+	c            *cache
 	ctx          context.Context // the load's
 	keys, leases []string
 
@@ -111,8 +111,8 @@ type keeper[T any] struct {
 
 // keepLeases starts a keeper of leases on keys for the load whose
 // context is ctx; it takes keys and leases as its own.
-func (c *Cache[T]) keepLeases(ctx context.Context, keys, leases []string) *keeper[T] {
-	k := &keeper[T]{c: c, ctx: ctx, keys: keys, leases: leases}
+func (c *cache) keepLeases(ctx context.Context, keys, leases []string) *keeper {
+	k := &keeper{c: c, ctx: ctx, keys: keys, leases: leases}
 	k.mu.Lock()
 	k.t = time.AfterFunc(c.redisTimeout, k.extend)
 	k.mu.Unlock()
@@ -122,14 +122,14 @@ func (c *Cache[T]) keepLeases(ctx context.Context, keys, leases []string) *keepe
 // stop stops k: no extension starts after it returns (one under way
 // finds the lease gone, or the load's value in its place, and does
 // nothing).
-func (k *keeper[T]) stop() {
+func (k *keeper) stop() {
 	k.mu.Lock()
 	k.stopped = true
 	k.t.Stop()
 	k.mu.Unlock()
 }
 
-func (k *keeper[T]) extend() {
+func (k *keeper) extend() {
 	k.mu.Lock()
 	stopped := k.stopped
 	k.mu.Unlock()
@@ -209,7 +209,7 @@ type unsureLease struct {
 
 // remember notes that key may hold this process's lease token, for as
 // long as it would live.
-func (c *Cache[T]) rememberLease(key, token string) {
+func (c *cache) rememberLease(key, token string) {
 	now := time.Now()
 	l := &c.leases
 	l.mu.Lock()
@@ -227,7 +227,7 @@ func (c *Cache[T]) rememberLease(key, token string) {
 
 // ownsLease reports whether lease, found in key, is one this process sent
 // without learning its outcome (see rememberLease).
-func (c *Cache[T]) ownsLease(key, lease string) bool {
+func (c *cache) ownsLease(key, lease string) bool {
 	l := &c.leases
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -237,7 +237,7 @@ func (c *Cache[T]) ownsLease(key, lease string) bool {
 
 // forgetLease forgets an unsure lease of key once this process has taken
 // it over or released it.
-func (c *Cache[T]) forgetLease(key, lease string) {
+func (c *cache) forgetLease(key, lease string) {
 	l := &c.leases
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -250,7 +250,7 @@ func (c *Cache[T]) forgetLease(key, lease string) {
 // a caller that gave up before Redis answered: the read may have placed
 // it, and no load holds it. It is remembered as this process's until the
 // release tells it is gone (the read may yet land after the release).
-func (c *Cache[T]) dropLease(ctx context.Context, key, lease string) {
+func (c *cache) dropLease(ctx context.Context, key, lease string) {
 	c.rememberLease(key, lease)
 	if !c.life.trySpawn() {
 		return
@@ -302,7 +302,7 @@ func setGetRefused(err error) bool {
 // canSetGet reports whether reads of key may place a lease with SET NX
 // GET: unless its node refused it within setGetBackoff. It costs one
 // atomic load while no node has.
-func (c *Cache[T]) canSetGet(ctx context.Context, key string) bool {
+func (c *cache) canSetGet(ctx context.Context, key string) bool {
 	if !c.leases.any.Load() {
 		return true
 	}
@@ -311,7 +311,7 @@ func (c *Cache[T]) canSetGet(ctx context.Context, key string) bool {
 }
 
 // refuseSetGet notes that key's node refused SET NX GET.
-func (c *Cache[T]) refuseSetGet(ctx context.Context, key string) {
+func (c *cache) refuseSetGet(ctx context.Context, key string) {
 	c.leases.noSetGet.Store(c.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
 	c.leases.any.Store(true)
 }

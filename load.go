@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -103,7 +102,7 @@ type loading struct {
 type loadingKey struct{}
 
 // reentrant reports a call for key made from inside key's own load.
-func (c *Cache[T]) reentrant(ctx context.Context, key string) error {
+func (c *cache) reentrant(ctx context.Context, key string) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
 	for ; l != nil; l = l.parent {
 		if l.cache == any(c) && slices.Contains(l.keys, key) {
@@ -117,7 +116,7 @@ func (c *Cache[T]) reentrant(ctx context.Context, key string) error {
 // marked with the keys, bounded by the load timeout and by Close. Unless
 // inline, it is detached from ctx's cancellation, since the load goes on
 // for every caller that shares it.
-func (c *Cache[T]) loadContext(ctx context.Context, keys []string, inline bool) (context.Context, context.CancelFunc) {
+func (c *cache) loadContext(ctx context.Context, keys []string, inline bool) (context.Context, context.CancelFunc) {
 	parent, _ := ctx.Value(loadingKey{}).(*loading)
 	if !inline {
 		ctx = context.WithoutCancel(ctx)
@@ -130,7 +129,7 @@ func (c *Cache[T]) loadContext(ctx context.Context, keys []string, inline bool) 
 
 // loadEnded is the error of a load whose context ended before its loader
 // returned.
-func (c *Cache[T]) loadEnded(ctx context.Context, key string) error {
+func (c *cache) loadEnded(ctx context.Context, key string) error {
 	if c.life.ctx.Err() != nil {
 		return keyErr("load", key, &kindError{ErrClosed, ctx.Err()})
 	}
@@ -139,62 +138,62 @@ func (c *Cache[T]) loadEnded(ctx context.Context, key string) error {
 
 // A loadFunc is what a load calls for its keys: for a Get, the key's
 // Loader; for GetOrLoadMany, its function.
-type loadFunc[T any] interface {
-	loadKeys(ctx context.Context, keys []string) (map[string]T, error)
+type loadFunc interface {
+	loadKeys(ctx context.Context, keys []string) (map[string]any, error)
 }
 
 // oneLoader is a Loader as a loadFunc of one key. ErrNotFound, or any
 // error but DoNotCache, is the load's error for the key.
-type oneLoader[T any] struct{ ld Loader[T] }
+type oneLoader struct{ ld loadOne }
 
-func (o oneLoader[T]) loadKeys(ctx context.Context, keys []string) (map[string]T, error) {
-	v, err := o.ld.Load(ctx, keys[0])
+func (o oneLoader) loadKeys(ctx context.Context, keys []string) (map[string]any, error) {
+	v, err := o.ld(ctx, keys[0])
 	if err != nil && !errors.Is(err, DoNotCache) {
 		return nil, err
 	}
-	return map[string]T{keys[0]: v}, err
+	return map[string]any{keys[0]: v}, err
 }
 
 // manyLoader is a GetOrLoadMany function as a loadFunc: keys it leaves out
 // of its map are not found.
-type manyLoader[T any] func(ctx context.Context, keys []string) (map[string]T, error)
+type manyLoader func(ctx context.Context, keys []string) (map[string]any, error)
 
-func (f manyLoader[T]) loadKeys(ctx context.Context, keys []string) (map[string]T, error) {
+func (f manyLoader) loadKeys(ctx context.Context, keys []string) (map[string]any, error) {
 	return f(ctx, keys)
 }
 
 // A loadJob is one key of a load: what the read that started it found,
 // and, once the load has settled, how it may store and how it ended.
-type loadJob[T any] struct {
+type loadJob struct {
 	key     string
-	p       *policy[T]
-	from    judgement[T]     // what the read that started the load found
+	p       *policy
+	from    judgement     // what the read that started the load found
 	token   string           // the load's identity in the registry: see loadToken
 	refresh bool             // a background refresh of a value still fresh
-	cl      *call[result[T]] // the key's call in the registry
+	cl      *call[result] // the key's call in the registry
 
 	load   bool             // the loader is to be called for it, storing under g
 	g      guard            // how it may store
 	seen   string           // another process's lease it found, while settling
 	own    bool             // seen is a lease of this process's whose outcome it did not learn
 	mine   bool             // seen is this cache's lease, placed by a read whose load had not registered
-	join   *call[result[T]] // another load of this process that now holds the key
+	join   *call[result] // another load of this process that now holds the key
 	stored bool             // its value (or tombstone) was written
 	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
 	kept   bool             // not stored, and counted why (Superseded or TooLarge)
-	res    result[T]
+	res    result
 	err    error
 }
 
 // load answers a read-through Get whose read found j: it joins this
 // process's load of the key begun from the same state, or starts one on a
 // goroutine of its own, and waits for it under ctx.
-func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
+func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error) {
 	if err := c.reentrant(ctx, f.key); err != nil {
 		if j.placed != "" {
 			c.releaseLeases(ctx, []string{f.key}, []string{j.placed})
 		}
-		return result[T]{}, err
+		return result{}, err
 	}
 	token := c.loadToken(j)
 	// A load whose read placed its lease is the lease's holder: it never
@@ -210,7 +209,7 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 		// the callers must be released at the load timeout whether or
 		// not the loader heeds its context.
 		c.life.spawn()
-		go c.runLoad(ctx, oneLoader[T]{f.ld}, []loadJob[T]{{key: f.key, p: f.p, from: j, token: token, cl: cl}})
+		go c.runLoad(ctx, oneLoader{f.ld}, []loadJob{{key: f.key, p: f.p, from: j, token: token, cl: cl}})
 	}
 	return c.awaitLoad(ctx, f.key, f.p, j, cl, joined)
 }
@@ -220,7 +219,7 @@ func (c *Cache[T]) load(ctx context.Context, f flight[T], j judgement[T]) (resul
 // TTL, StaleFor says the caller gets that value (a load the caller
 // joined may have begun from another state, with no stale value of its
 // own to fall back on).
-func (c *Cache[T]) awaitLoad(ctx context.Context, key string, p *policy[T], j judgement[T], cl *call[result[T]], joined bool) (result[T], error) {
+func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgement, cl *call[result], joined bool) (result, error) {
 	r, err := wait(ctx, cl)
 	r.joined = joined
 	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
@@ -235,7 +234,7 @@ func (c *Cache[T]) awaitLoad(ctx context.Context, key string, p *policy[T], j ju
 // refresh starts a background reload of a value due for refresh, unless
 // one from the same value is under way in this process or has lately
 // stored over it (see registry.claimRefresh).
-func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], fn loadFunc[T], j judgement[T]) {
+func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc, j judgement) {
 	token := "sha1:" + j.digest
 	cl := c.loads.claimRefresh(key, token)
 	if cl == nil {
@@ -243,14 +242,14 @@ func (c *Cache[T]) refresh(ctx context.Context, key string, p *policy[T], fn loa
 	}
 	inc(&p.stats.Refreshes)
 	c.life.spawn()
-	go c.runLoad(ctx, fn, []loadJob[T]{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
+	go c.runLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
 }
 
 // runLoad loads jobs with one call of fn, on a goroutine of its own, and
 // finishes each job's call: with the job's result, or, for callers still
 // waiting when the load's context ends, with its error. It is the one
 // load: of one key for a Get, of many for GetOrLoadMany.
-func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T]) {
+func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
 	defer c.life.exit()
 	keys := make([]string, len(jobs))
 	for i := range jobs {
@@ -261,10 +260,10 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 	defer cancel()
 	timeout := context.AfterFunc(lctx, func() {
 		for i := range jobs {
-			c.loads.finish(jobs[i].key, jobs[i].cl, result[T]{}, c.loadEnded(lctx, jobs[i].key))
+			c.loads.finish(jobs[i].key, jobs[i].cl, result{}, c.loadEnded(lctx, jobs[i].key))
 		}
 	})
-	l := &loadRun[T]{c: c, jobs: jobs}
+	l := &loadRun{c: c, jobs: jobs}
 	// However the load ends (runtime.Goexit in fn included), every call is
 	// finished: a call finished already keeps its result.
 	defer func() {
@@ -272,7 +271,7 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 			c.loads.finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err)
 		}
 	}()
-	_, err := protect(lctx, l, fn, func(ctx context.Context, l *loadRun[T], fn loadFunc[T]) (struct{}, error) {
+	_, err := protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
 		l.run(ctx, fn, timeout)
 		return struct{}{}, nil
 	})
@@ -282,7 +281,7 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 		case j.join != nil:
 			continue
 		case err != nil: // a panic in fn, the serializer or a codec
-			j.res, j.err = result[T]{}, keyErr("load", j.key, err)
+			j.res, j.err = result{}, keyErr("load", j.key, err)
 		}
 		if j.refresh && j.err != nil && !errors.Is(j.err, ErrNotFound) {
 			c.report(lctx, j.key, j.err)
@@ -306,9 +305,9 @@ func (c *Cache[T]) runLoad(ctx context.Context, fn loadFunc[T], jobs []loadJob[T
 }
 
 // A loadRun is the work of one load.
-type loadRun[T any] struct {
-	c    *Cache[T]
-	jobs []loadJob[T]
+type loadRun struct {
+	c    *cache
+	jobs []loadJob
 }
 
 // run settles how each key may store, calls fn for those to load, and
@@ -317,7 +316,7 @@ type loadRun[T any] struct {
 // returned, whether the load's context is still live, and stops its
 // timeout; a load past it stores nothing. A lease the load took and did
 // not store over is released however run ends.
-func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) {
+func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	c := l.c
 	// Stores and releases run under their own budget, not the load's
 	// deadline, which may be about to end.
@@ -340,7 +339,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
 	// past fn, in a serializer or a codec, is caught by runLoad).
-	vals, err := protect(ctx, fn, keys, callLoadFunc[T])
+	vals, err := protect(ctx, fn, keys, callLoadFunc)
 	stop()
 	p0 := l.jobs[loading[0]].p
 	if !live() || ctx.Err() != nil {
@@ -380,7 +379,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 			j.g, j.kept = guard{}, true
 		}
 		v, ok := vals[j.key]
-		if ok && c.ptr && isNilPointer(v) {
+		if ok && c.kind.isNil != nil && c.kind.isNil(v) {
 			l.fail(ctx, i, ErrNilValue)
 			continue
 		}
@@ -393,7 +392,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 			}
 			continue
 		}
-		r := result[T]{val: v, from: fromLoader}
+		r := result{val: v, from: fromLoader}
 		var e encoded
 		if j.g.kind != guardNone && !noStore {
 			var eerr error
@@ -432,7 +431,7 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 		case errors.Is(err, errSuperseded):
 			l.jobs[w.job].kept = true
 		case c.unstored(ctx, w.key, l.jobs[w.job].p, err):
-			l.jobs[w.job].res, l.jobs[w.job].err = result[T]{}, err
+			l.jobs[w.job].res, l.jobs[w.job].err = result{}, err
 		}
 	}
 	// Every loaded key ends one way: stored, superseded, too large, or
@@ -444,13 +443,13 @@ func (l *loadRun[T]) run(ctx context.Context, fn loadFunc[T], live func() bool) 
 	}
 }
 
-func callLoadFunc[T any](ctx context.Context, fn loadFunc[T], keys []string) (map[string]T, error) {
+func callLoadFunc(ctx context.Context, fn loadFunc, keys []string) (map[string]any, error) {
 	return fn.loadKeys(ctx, keys)
 }
 
 // fail ends job i with the load's error err: its callers get err, or,
 // from a value past its TTL, that value (StaleFor).
-func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
+func (l *loadRun) fail(ctx context.Context, i int, err error) {
 	j := &l.jobs[i]
 	inc(&j.p.stats.LoadErrors)
 	if !isKeyError(err, j.key) {
@@ -463,14 +462,14 @@ func (l *loadRun[T]) fail(ctx context.Context, i int, err error) {
 		j.res, j.err = s, nil
 		return
 	}
-	j.res, j.err = result[T]{}, err
+	j.res, j.err = result{}, err
 }
 
 // keep keeps the leases the load holds alive while its loader runs (see
 // keeper), and returns the function that stops it: a lease lives as long
 // as its load, and dies within leaseTTL of the load's end, or of its
 // context's.
-func (l *loadRun[T]) keep(ctx context.Context) (stop func()) {
+func (l *loadRun) keep(ctx context.Context) (stop func()) {
 	var keys, leases []string
 	for i := range l.jobs {
 		if j := &l.jobs[i]; j.load && j.g.kind == guardLease {
@@ -485,7 +484,7 @@ func (l *loadRun[T]) keep(ctx context.Context) (stop func()) {
 
 // release releases, in one pipeline, the leases the load took and did not
 // store over, so that readers do not take the keys for a load in progress.
-func (l *loadRun[T]) release(ctx context.Context) {
+func (l *loadRun) release(ctx context.Context) {
 	var keys, leases []string
 	for i := range l.jobs {
 		if j := &l.jobs[i]; j.g.kind == guardLease && !j.stored {
@@ -504,7 +503,7 @@ func (l *loadRun[T]) release(ctx context.Context) {
 // gets it as its result; one whose lease another load of this process
 // holds is joined to that load (job.join), to be waited for once this
 // load's own keys are finished.
-func (l *loadRun[T]) settle(ctx context.Context) {
+func (l *loadRun) settle(ctx context.Context) {
 	c := l.c
 	var reread, missing []int
 	for i := range l.jobs {
@@ -575,7 +574,7 @@ func (l *loadRun[T]) settle(ctx context.Context) {
 // leases on the keys of waiting to give way, polling them all together
 // with backoff, and decides each key on what it then holds. It returns
 // the keys whose leases outlived the wait. ctx bounds it too.
-func (l *loadRun[T]) awaitLeases(ctx context.Context, waiting []int) []int {
+func (l *loadRun) awaitLeases(ctx context.Context, waiting []int) []int {
 	c := l.c
 	for _, i := range waiting {
 		inc(&l.jobs[i].p.stats.LockWaits)
@@ -623,7 +622,7 @@ func (l *loadRun[T]) awaitLeases(ctx context.Context, waiting []int) []int {
 // failure settles how it loads; a miss joins missing (nil: it loads
 // without storing); a lease is joined if a load of this process holds it,
 // or else noted in seen.
-func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing *[]int) {
+func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]int) {
 	j := &l.jobs[i]
 	switch jd.v {
 	case vHit:
@@ -635,7 +634,7 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 		jd.r.from = fromRedis
 		j.res, j.err = jd.r, nil
 	case vTombstone:
-		j.res, j.err = result[T]{}, ErrNotFound
+		j.res, j.err = result{}, ErrNotFound
 	case vStale, vUndecodable:
 		j.g, j.load = digestGuard(jd), true
 	case vUnavailable:
@@ -647,7 +646,7 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
 	case vCancelled: // the load's own context ended (its timeout, or Close)
-		j.res, j.err = result[T]{}, l.c.loadEnded(ctx, j.key)
+		j.res, j.err = result{}, l.c.loadEnded(ctx, j.key)
 	case vMiss:
 		if missing != nil {
 			*missing = append(*missing, i)
@@ -679,7 +678,7 @@ func (l *loadRun[T]) decide(ctx context.Context, i int, jd judgement[T], missing
 // over the lease each has seen). A key whose lease it took loads under a
 // lease guard; one Redis failed for loads without storing; one that holds
 // something else is decided on what it holds, without trying again.
-func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
+func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 	if len(idx) == 0 {
 		return
 	}
@@ -720,7 +719,7 @@ func (l *loadRun[T]) acquire(ctx context.Context, idx []int, over bool) {
 	}
 }
 
-func (l *loadRun[T]) keysOf(idx []int) []string {
+func (l *loadRun) keysOf(idx []int) []string {
 	keys := make([]string, len(idx))
 	for n, i := range idx {
 		keys[n] = l.jobs[i].key
@@ -733,7 +732,7 @@ func (l *loadRun[T]) keysOf(idx []int) []string {
 // fails them. A value too large to store (WithMaxValueSize) is theirs all
 // the same: it is counted and reported, and stored nowhere. A Redis
 // failure is reported, and fails them only with WithStrictRedis.
-func (c *Cache[T]) unstored(ctx context.Context, key string, p *policy[T], err error) (fail bool) {
+func (c *cache) unstored(ctx context.Context, key string, p *policy, err error) (fail bool) {
 	switch {
 	case errors.Is(err, ErrSerialization):
 		return true
@@ -752,18 +751,16 @@ func isKeyError(err error, key string) bool {
 	return errors.As(err, &e) && e.Key == key
 }
 
-// isNilPointer reports whether v, of a pointer type T, is nil.
-func isNilPointer[T any](v T) bool { return *(*unsafe.Pointer)(unsafe.Pointer(&v)) == nil }
 
 // A registry keeps this process's loads under way, so that reads that
 // find the same state of a key share one load: a reader joins the load
 // whose lease it found in Redis, which proves that no write has come
 // since the load began. Several loads of one key can be under way, each
 // from a state of its own.
-type registry[T any] struct {
+type registry struct {
 	mu      sync.Mutex
-	latest  map[string]*call[result[T]]   // the latest load of each key; earlier ones under way hang from its prev
-	byToken map[tokenKey]*call[result[T]] // by key and token (a token alone is not unique: two keys can hold the same bytes)
+	latest  map[string]*call[result]   // the latest load of each key; earlier ones under way hang from its prev
+	byToken map[tokenKey]*call[result] // by key and token (a token alone is not unique: two keys can hold the same bytes)
 	// window is the share window: a load begun with Redis unreachable
 	// (unprovenToken) is shared only within it, as a read is, since
 	// nothing proves the key unwritten since.
@@ -794,7 +791,7 @@ const owedToken = "owed"
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
 // Redis unreachable, unprovenToken.
-func (c *Cache[T]) loadToken(j judgement[T]) string {
+func (c *cache) loadToken(j judgement) string {
 	switch j.v {
 	case vMiss:
 		if j.placed != "" {
@@ -816,7 +813,7 @@ func (c *Cache[T]) loadToken(j judgement[T]) string {
 // join, and true; or registers a new one and returns it and false (always,
 // with share false: WithCoalescing(false)). leaderWaits says whether the
 // caller that registers it will wait on it.
-func (g *registry[T]) claim(key, token string, leaderWaits, share bool) (*call[result[T]], bool) {
+func (g *registry) claim(key, token string, leaderWaits, share bool) (*call[result], bool) {
 	now := time.Now().UnixNano()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -824,7 +821,7 @@ func (g *registry[T]) claim(key, token string, leaderWaits, share bool) (*call[r
 }
 
 // claimLocked is claim with g.mu held.
-func (g *registry[T]) claimLocked(key, token string, leaderWaits, share bool, now int64) (*call[result[T]], bool) {
+func (g *registry) claimLocked(key, token string, leaderWaits, share bool, now int64) (*call[result], bool) {
 	c, ok := g.byToken[tokenKey{key, token}]
 	ok = ok && share && !c.finished && !c.detached.Load()
 	if ok && token == unprovenToken {
@@ -843,13 +840,13 @@ func (g *registry[T]) claimLocked(key, token string, leaderWaits, share bool, no
 		}
 	}
 	if !ok {
-		c = &call[result[T]]{began: now, token: token}
+		c = &call[result]{began: now, token: token}
 		if prev := g.latest[key]; prev != nil && !prev.finished {
 			c.prev = prev
 		}
 		if g.latest == nil {
-			g.latest = make(map[string]*call[result[T]])
-			g.byToken = make(map[tokenKey]*call[result[T]])
+			g.latest = make(map[string]*call[result])
+			g.byToken = make(map[tokenKey]*call[result])
 		}
 		g.latest[key] = c
 		g.byToken[tokenKey{key, token}] = c
@@ -869,7 +866,7 @@ func (g *registry[T]) claimLocked(key, token string, leaderWaits, share bool, no
 // no longer holds, whose store the digest guard then refuses. A value
 // written again with the same bytes has a new TTL, and is not due for
 // refresh before the mark ends.
-func (g *registry[T]) claimRefresh(key, token string) *call[result[T]] {
+func (g *registry) claimRefresh(key, token string) *call[result] {
 	now := time.Now().UnixNano()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -891,7 +888,7 @@ func (g *registry[T]) claimRefresh(key, token string) *call[result[T]] {
 // names, until until (see claimRefresh). The marks are swept when their
 // number doubles, so they hold at most about twice the keys refreshed in
 // the last RefreshAfter.
-func (g *registry[T]) storedOver(key, token string, until int64) {
+func (g *registry) storedOver(key, token string, until int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.replaced) >= g.sweepAt {
@@ -912,7 +909,7 @@ func (g *registry[T]) storedOver(key, token string, until int64) {
 // finish publishes c's result, unless c has finished already (a load
 // released at its timeout finishes before its loader returns), and
 // reports whether it did.
-func (g *registry[T]) finish(key string, c *call[result[T]], v result[T], err error) bool {
+func (g *registry) finish(key string, c *call[result], v result, err error) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if c.finished {
@@ -935,7 +932,7 @@ func (g *registry[T]) finish(key string, c *call[result[T]], v result[T], err er
 // forget detaches every load of key under way from new callers, for a
 // write: a load begun before it stores nothing over a value in place, and
 // no later caller joins it.
-func (g *registry[T]) forget(key string) {
+func (g *registry) forget(key string) {
 	g.mu.Lock()
 	for c := g.latest[key]; c != nil; c = c.prev {
 		c.detached.Store(true)
@@ -947,7 +944,7 @@ func (g *registry[T]) forget(key string) {
 // joinOrWait returns the load of key under way with token, if any may be
 // joined; if none, it registers c under token as well, as the load that
 // waits for that lease, and returns nil.
-func (g *registry[T]) joinOrWait(key, token string, c *call[result[T]]) *call[result[T]] {
+func (g *registry) joinOrWait(key, token string, c *call[result]) *call[result] {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	tk := tokenKey{key, token}
@@ -967,7 +964,7 @@ func (g *registry[T]) joinOrWait(key, token string, c *call[result[T]]) *call[re
 // placer reports whether a load other than self has taken token's place
 // for key (see load: the load whose read placed a lease does), and
 // returns it if it may be joined.
-func (g *registry[T]) placer(key, token string, self *call[result[T]]) (*call[result[T]], bool) {
+func (g *registry) placer(key, token string, self *call[result]) (*call[result], bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	o, ok := g.byToken[tokenKey{key, token}]
@@ -984,7 +981,7 @@ func (g *registry[T]) placer(key, token string, self *call[result[T]]) (*call[re
 }
 
 // isDetached reports whether a write detached c (see forget).
-func (g *registry[T]) isDetached(c *call[result[T]]) bool {
+func (g *registry) isDetached(c *call[result]) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return c.detached.Load()

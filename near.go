@@ -123,9 +123,9 @@ func WithLocalCache(lc LocalCache) Option {
 
 // A near is one near cache: the entries of the prefixes that share one
 // LocalCache configuration.
-type near[T any] struct {
+type near struct {
 	lc      LocalCache
-	entries *otter.Cache[string, nearEntry[T]]
+	entries *otter.Cache[string, nearEntry]
 	gate    *tracking.Gate // whether it may serve now, and take in a key's value; set by New before any call
 	marks   *marks         // the cache's write marks, which tickets are checked against
 	// edged is set by the first Serve of a key of this near cache: from
@@ -133,8 +133,8 @@ type near[T any] struct {
 	edged atomic.Bool
 }
 
-type nearEntry[T any] struct {
-	val    T
+type nearEntry struct {
+	val    any // a *T
 	data   []byte        // the serialized value, when each caller decodes its own
 	edge   *httpenc.Edge // what Serve keeps, once the near cache is edged
 	weight uint32
@@ -144,16 +144,16 @@ type nearEntry[T any] struct {
 	expires int64
 }
 
-func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
+func newNear(lc LocalCache, m *marks) (*near, error) {
 	if err := lc.check(); err != nil {
 		return nil, err
 	}
-	n := &near[T]{lc: lc, marks: m}
+	n := &near{lc: lc, marks: m}
 	var err error
-	n.entries, err = otter.New(&otter.Options[string, nearEntry[T]]{
+	n.entries, err = otter.New(&otter.Options[string, nearEntry]{
 		MaximumWeight: uint64(lc.MaxBytes),
-		Weigher:       func(_ string, e nearEntry[T]) uint32 { return e.weight },
-		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry[T]]) time.Duration {
+		Weigher:       func(_ string, e nearEntry) uint32 { return e.weight },
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry]) time.Duration {
 			return time.Duration(e.Value.expires - e.SnapshotAtNano)
 		}),
 	})
@@ -164,9 +164,9 @@ func newNear[T any](lc LocalCache, m *marks) (*near[T], error) {
 }
 
 // get returns key's entry if the near cache may serve it now.
-func (n *near[T]) get(key string) (nearEntry[T], bool) {
+func (n *near) get(key string) (nearEntry, bool) {
 	if !n.gate.Open() {
-		return nearEntry[T]{}, false
+		return nearEntry{}, false
 	}
 	return n.entries.GetIfPresent(key)
 }
@@ -174,7 +174,7 @@ func (n *near[T]) get(key string) (nearEntry[T], bool) {
 // put keeps r as key's value if nothing invalidated key since ticket was
 // taken (before the read that produced r was sent). size is the value's
 // serialized length; until, if not zero, is when the entry must end.
-func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Time) {
+func (n *near) put(key string, t ticket, r result, size int, until time.Time) {
 	if !n.gate.Admits(key) || !n.marks.valid(key, t) {
 		return
 	}
@@ -190,7 +190,7 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Ti
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
 		until = most
 	}
-	e := nearEntry[T]{val: r.val, data: r.data, edge: eg, weight: uint32(min(w, 1<<32-1)), expires: until.UnixNano()}
+	e := nearEntry{val: r.val, data: r.data, edge: eg, weight: uint32(min(w, 1<<32-1)), expires: until.UnixNano()}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.
@@ -202,8 +202,8 @@ func (n *near[T]) put(key string, t ticket, r result[T], size int, until time.Ti
 // grow adds by bytes to the weight of key's entry, if it is still the one
 // of eg, or drops the entry if that would take it past the bound: Serve
 // keeps the bodies it makes in the entry's edge.
-func (n *near[T]) grow(key string, eg *httpenc.Edge, by int) {
-	n.entries.ComputeIfPresent(key, func(e nearEntry[T]) (nearEntry[T], otter.ComputeOp) {
+func (n *near) grow(key string, eg *httpenc.Edge, by int) {
+	n.entries.ComputeIfPresent(key, func(e nearEntry) (nearEntry, otter.ComputeOp) {
 		if e.edge != eg {
 			return e, otter.CancelOp
 		}
@@ -256,11 +256,11 @@ func (m *marks) touchAll() { m.epoch.Add(1) }
 // startNear makes the near caches the policies ask for (one for the base
 // and the prefixes that inherit it, one for each prefix with a LocalCache
 // of its own) and starts their invalidation stream.
-func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
+func (c *cache) startNear(rdb redis.UniversalClient, cfg config) error {
 	var tracked []string
 	minLag := time.Duration(0)
-	add := func(p *policy[T], lc LocalCache) error {
-		n, err := newNear[T](lc, &c.marks)
+	add := func(p *policy, lc LocalCache) error {
+		n, err := newNear(lc, &c.marks)
 		if err != nil {
 			return err
 		}
@@ -294,7 +294,7 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 		return nil
 	}
 	c.marks.seed = maphash.MakeSeed()
-	tr, err := tracking.New(rdb, tracked, minLag/4, streamHandler[T]{c})
+	tr, err := tracking.New(rdb, tracked, minLag/4, streamHandler{c})
 	if err != nil {
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
@@ -313,7 +313,7 @@ func (c *Cache[T]) startNear(rdb redis.UniversalClient, cfg config) error {
 // Redis, counted from when the read was sent (Redis expires it later
 // still), nor past the moment it turns stale or due for refresh: a value
 // that expires now (PTTL 0) is not kept at all.
-func (c *Cache[T]) keepNear(key string, p *policy[T], t ticket, j judgement[T]) {
+func (c *cache) keepNear(key string, p *policy, t ticket, j judgement) {
 	var until time.Time // zero: no expiry; the near cache's TTL caps it
 	if j.left >= 0 {
 		until = j.expires.Add(-p.staleFor) // stale from then
@@ -366,7 +366,7 @@ const (
 // the near caches and bumps their marks, so that no read begun before
 // the change puts its value there afterwards, and detaches from later
 // callers the work on them that how says may no longer be shared.
-func (c *Cache[T]) changed(how change, keys ...string) {
+func (c *cache) changed(how change, keys ...string) {
 	if how == flushed {
 		c.marks.touchAll()
 		for _, n := range c.nears {
@@ -395,8 +395,8 @@ func (c *Cache[T]) changed(how change, keys ...string) {
 // A streamHandler is the cache as the invalidation stream's
 // tracking.Handler: what the stream says reaches changed, and its
 // failures the error handler.
-type streamHandler[T any] struct{ c *Cache[T] }
+type streamHandler struct{ c *cache }
 
-func (h streamHandler[T]) Invalidate(keys []string) { h.c.changed(invalidated, keys...) }
-func (h streamHandler[T]) Flush()                   { h.c.changed(flushed) }
-func (h streamHandler[T]) Report(err error)         { h.c.report(context.Background(), "", err) }
+func (h streamHandler) Invalidate(keys []string) { h.c.changed(invalidated, keys...) }
+func (h streamHandler) Flush()                   { h.c.changed(flushed) }
+func (h streamHandler) Report(err error)         { h.c.report(context.Background(), "", err) }

@@ -129,7 +129,7 @@ func readOutcome(stale bool, from source, err error) ReadOutcome {
 }
 
 // observeLoad tells the observer of a loader call that began at start.
-func (c *Cache[T]) observeLoad(p *policy[T], keys int, start time.Time, err error) {
+func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
 	if c.obs == nil {
 		return
 	}
@@ -142,7 +142,7 @@ func (c *Cache[T]) observeLoad(p *policy[T], keys int, start time.Time, err erro
 // On a Cluster it also asks go-redis to reload its map of the slots: a
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
-func (c *Cache[T]) redisFailed(p *policy[T], b *breaker.Node, err error) {
+func (c *cache) redisFailed(p *policy, b *breaker.Node, err error) {
 	inc(&p.stats.RedisErrors)
 	c.peers.stale()
 	if c.obs != nil {
@@ -152,7 +152,7 @@ func (c *Cache[T]) redisFailed(p *policy[T], b *breaker.Node, err error) {
 
 // observeCodec tells the observer of a value encoded or decoded since
 // start: stored is its stored form, plain the size of its serialized form.
-func (c *Cache[T]) observeCodec(p *policy[T], stored []byte, plain int, decode bool, start time.Time) {
+func (c *cache) observeCodec(p *policy, stored []byte, plain int, decode bool, start time.Time) {
 	name := "none"
 	if len(stored) > 0 && codec.IsHeader(stored[0]) {
 		if cd, ok := codec.Lookup(stored[0]); ok {
@@ -166,7 +166,7 @@ func (c *Cache[T]) observeCodec(p *policy[T], stored []byte, plain int, decode b
 
 // observePending tells the observer how many invalidations are pending,
 // after one was kept or some landed.
-func (c *Cache[T]) observePending(p *policy[T]) {
+func (c *cache) observePending(p *policy) {
 	if c.obs != nil {
 		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: c.owed.Len()})
 	}

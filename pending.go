@@ -21,7 +21,7 @@ import (
 // (ErrPending).
 
 // owedStore is the cache as its ledger of owed invalidations uses it.
-type owedStore[T any] struct{ c *Cache[T] }
+type owedStore struct{ c *cache }
 
 // opInvalidate names the retried DEL of an owed key. Its calls are not
 // refused by an open breaker: they probe it.
@@ -29,7 +29,7 @@ const opInvalidate = "invalidate"
 
 // Invalidate sends the owed DELs through the client, one pipeline per
 // node.
-func (s owedStore[T]) Invalidate(ctx context.Context, keys, keeps []string) []error {
+func (s owedStore) Invalidate(ctx context.Context, keys, keeps []string) []error {
 	return s.c.roundTripMany(ctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, owed.Script, sha, keys[i], keeps[i])
 	})
@@ -37,7 +37,7 @@ func (s owedStore[T]) Invalidate(ctx context.Context, keys, keeps []string) []er
 
 // Probe sends the owed DELs to other nodes of a Cluster (failover.go),
 // within a Redis budget.
-func (s owedStore[T]) Probe(ctx context.Context, keys, keeps []string, ran []bool) bool {
+func (s owedStore) Probe(ctx context.Context, keys, keeps []string, ran []bool) bool {
 	if s.c.peers.cluster == nil {
 		return false
 	}
@@ -49,7 +49,7 @@ func (s owedStore[T]) Probe(ctx context.Context, keys, keeps []string, ran []boo
 // Owes owes a write that failed on ErrRedis (never the caller's own
 // context) until the longest TTL the old value could have: its policy's
 // TTL plus StaleFor, or the failed Set's TTL if longer.
-func (s owedStore[T]) Owes(key string, ttl time.Duration, err error) (until time.Time, owe bool) {
+func (s owedStore) Owes(key string, ttl time.Duration, err error) (until time.Time, owe bool) {
 	if !errors.Is(err, ErrRedis) {
 		return time.Time{}, false
 	}
@@ -62,7 +62,7 @@ func (s owedStore[T]) Owes(key string, ttl time.Duration, err error) (until time
 
 // Pending marks err ErrPending when the invalidation is kept, or says why
 // not past the bound, and tells the observer or the error handler.
-func (s owedStore[T]) Pending(op, key string, err error, kept bool, n int) error {
+func (s owedStore) Pending(op, key string, err error, kept bool, n int) error {
 	c := s.c
 	if !kept {
 		err = keyErr(op, key, fmt.Errorf("%w (and %d invalidations are already pending, the most this cache keeps: this one is not retried)", err, n))
@@ -74,7 +74,7 @@ func (s owedStore[T]) Pending(op, key string, err error, kept bool, n int) error
 }
 
 // Landed tells the observer how many invalidations are left.
-func (s owedStore[T]) Landed() { s.c.observePending(s.c.base) }
+func (s owedStore) Landed() { s.c.observePending(s.c.base) }
 
 // pendingError is a failed write whose invalidation the cache will apply.
 type pendingError struct{ err error }

@@ -24,105 +24,39 @@ import (
 // holds, and act on the judgement by rule: serve it, fail, or load
 // (load.go). deliver counts the caller's outcome and hands it its value.
 
-// Get returns the value stored under key.
-//
-// Without a loader for key, a key that holds no value returns ErrMiss. With
-// one (WithLoader, or the Loader of the key's Policy), Get reads through:
-// on a miss it calls the loader, stores the value with the key's policy and
-// returns it; see Loader for what else read-through does, and for the
-// lease that keeps a write made during the load from being undone.
-//
-// Concurrent Gets of one key in one process share one Redis read, one
-// decompression and one decode, and on a miss one loader call. Every
-// caller, the first included, waits for the shared work or until its own
-// context is done, when it returns ctx.Err() and the work goes on for the
-// others: the read runs detached from the first caller's cancellation,
-// bounded by the Redis budget (WithRedisTimeout), and the load likewise,
-// bounded by WithLoadTimeout. A first caller whose context cannot end reads
-// on its own goroutine. The value is shared among them, and with callers
-// that come within the share window (see Cache and WithShareWindow). A Set
-// or Delete of the key through this cache detaches the reads and loads
-// under way from later callers.
-//
-// When Redis fails, or key's node's circuit breaker is open, a read-through
-// Get answers from the loader within the Redis budget plus the load time;
-// a Get without a loader returns an error matching ErrRedis (and
-// ErrCircuitOpen when the breaker is open). A read-through Get that finds
-// Redis unavailable joins the load of key already under way in this
-// process, if no write of this process came after it began, rather than
-// start another: its value is then what the source held when that load
-// began, at most WithLoadTimeout earlier (with WithShareWindow(Off), it
-// starts its own). Only a node that failed is
-// judged to: a read that ran out of its budget because this process was
-// too busy to make it in time (its goroutine waited for a CPU, a
-// connection or a dial, while the node answered) is made once more and
-// counts as no failure of Redis's; see WithRedisTimeout.
-//
-// A stored value that cannot be decoded is an error naming the key and
-// matching ErrUnknownHeader, ErrCorrupt, ErrTooLarge or ErrSerialization;
-// without a loader, the value is left in Redis untouched.
-//
-// A value written with a zstd dictionary (Policy.Dictionary) is decoded
-// with it, whatever this cache's policies say: a dictionary the cache does
-// not hold is fetched from Redis once, shared by concurrent Gets (they
-// wait for it for up to the Redis budget, whatever their contexts) and
-// verified against the id the value names. If Redis does not hold it, or
-// holds something else under its key, the error matches
-// codec.ErrUnknownDictionary and names the id, and the value is kept: a
-// read-through Get answers from the loader and stores nothing over it, as
-// when Redis fails.
-//
-// WARNING: a loader that calls Get for the key it is loading gets
-// ErrReentrantLoad; see Loader.
-func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
+// getOne is Get, and with fn GetOrLoad: the caller's value, as a *T, or
+// an error.
+func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error) {
 	if err := c.life.begin(opGet, key); err != nil {
-		var zero T
-		return zero, err
+		return nil, err
 	}
 	defer c.life.exit()
 	p := c.policy(key)
-	r, err := c.get(ctx, key, p, p.loader)
-	return c.value(key, r, err)
-}
-
-// GetOrLoad is Get with fn as the loader for this call, whatever loader
-// the cache has.
-//
-// WARNING: concurrent calls for one key share one load, of whichever fn
-// came first: the fn of a caller that joined another's load is not called.
-func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx context.Context) (T, error)) (T, error) {
 	if fn == nil {
-		var zero T
-		return zero, errors.New("packcache: GetOrLoad with nil function")
+		fn = p.loader
 	}
-	if err := c.life.begin(opGet, key); err != nil {
-		var zero T
-		return zero, err
-	}
-	defer c.life.exit()
-	p := c.policy(key)
-	r, err := c.get(ctx, key, p, LoaderFunc[T](func(ctx context.Context, _ string) (T, error) { return fn(ctx) }))
+	r, err := c.get(ctx, key, p, fn)
 	return c.value(key, r, err)
 }
 
 // get is Get, GetOrLoad and Serve, with ld the loader (nil: none): the
 // caller's result, counted, for the caller to hand out in its own form
 // (Get's is value's).
-func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[T]) (result[T], error) {
+func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne) (result, error) {
 	if err := ctx.Err(); err != nil {
 		// Already over: no read, no load, nothing counted, as in the
 		// batch calls.
-		return result[T]{}, err
+		return result{}, err
 	}
 	if c.owed.Has(key) {
 		// What Redis holds may be what a failed write meant to replace.
-		r, err := c.act(ctx, flight[T]{c: c, key: key, p: p, ld: ld}, judgement[T]{v: vOwed})
+		r, err := c.act(ctx, flight{c: c, key: key, p: p, ld: ld}, judgement{v: vOwed})
 		return c.count(p, r, err, r.joined)
 	}
 	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
 		return c.count(p, r, err, r.from != fromNear)
 	}
-	f := flight[T]{c: c, key: key, p: p, ld: ld}
+	f := flight{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
 		r, err := f.run(ctx, nil)
 		return c.count(p, r, err, false)
@@ -138,10 +72,10 @@ func (c *Cache[T]) get(ctx context.Context, key string, p *policy[T], ld Loader[
 // fast answers a Get from the near cache or from a read of the key still
 // shared, without locks: the path a surge's callers take. It is kept
 // small, apart from get, so that their goroutines' stacks need not grow.
-func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrough bool) (r result[T], err error, ok bool) {
+func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough bool) (r result, err error, ok bool) {
 	if p.near != nil {
 		if e, ok := p.near.get(key); ok {
-			return result[T]{val: e.val, data: e.data, edge: e.edge, from: fromNear}, nil, true
+			return result{val: e.val, data: e.data, edge: e.edge, from: fromNear}, nil, true
 		}
 	}
 	if !c.coalesce {
@@ -171,17 +105,17 @@ func (c *Cache[T]) fast(ctx context.Context, key string, p *policy[T], readThrou
 
 // flight holds what one read needs, passed by value so that no closure is
 // allocated for it.
-type flight[T any] struct {
-	c   *Cache[T]
+type flight struct {
+	c   *cache
 	key string
-	p   *policy[T]
-	ld  Loader[T]
+	p   *policy
+	ld  loadOne
 }
 
 // run is the work of one read, shared by the callers that coalesce (cl
 // is their call; nil without coalescing): it reads key, judges what Redis
 // holds, and acts on the judgement.
-func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], error) {
+func (f flight) run(ctx context.Context, cl *call[result]) (result, error) {
 	c, key, p := f.c, f.key, f.p
 	var t ticket
 	if p.near != nil {
@@ -200,7 +134,7 @@ func (f flight[T]) run(ctx context.Context, cl *call[result[T]]) (result[T], err
 
 // joining counts a caller sharing the read and catches a loader that
 // would wait for its own key's read.
-func (f flight[T]) joining(ctx context.Context, key string, running bool) error {
+func (f flight) joining(ctx context.Context, key string, running bool) error {
 	inc(&f.p.stats.CoalescedWaits)
 	if !running {
 		return nil
@@ -209,7 +143,7 @@ func (f flight[T]) joining(ctx context.Context, key string, running bool) error 
 }
 
 // act does with a judgement what rule says, for one key.
-func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result[T], error) {
+func (c *cache) act(ctx context.Context, f flight, j judgement) (result, error) {
 	load, err := c.rule(ctx, f.key, j, f.ld != nil)
 	switch {
 	case err != nil:
@@ -220,12 +154,12 @@ func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result
 		default: // see judgement.unsure
 			c.rememberLease(f.key, j.unsure)
 		}
-		return result[T]{}, err
+		return result{}, err
 	case load:
 		return c.load(ctx, f, j)
 	}
 	if j.refresh {
-		c.refresh(ctx, f.key, f.p, oneLoader[T]{f.ld}, j)
+		c.refresh(ctx, f.key, f.p, oneLoader{f.ld}, j)
 	}
 	return j.r, nil
 }
@@ -237,7 +171,7 @@ func (c *Cache[T]) act(ctx context.Context, f flight[T], j judgement[T]) (result
 // failure is the error. With one, all of them load, except a Redis failure
 // with WithStrictRedis; an undecodable value is reported as it is
 // reloaded. A tombstone is ErrNotFound either way.
-func (c *Cache[T]) rule(ctx context.Context, key string, j judgement[T], readThrough bool) (load bool, err error) {
+func (c *cache) rule(ctx context.Context, key string, j judgement, readThrough bool) (load bool, err error) {
 	switch j.v {
 	case vHit:
 		return false, nil
@@ -282,9 +216,9 @@ const (
 )
 
 // A judgement is a verdict with what the reader needs to act on it.
-type judgement[T any] struct {
+type judgement struct {
 	v       verdict
-	r       result[T]     // vHit and vStale: the value
+	r       result     // vHit and vStale: the value
 	err     error         // vUndecodable and vUnavailable: why, as an *Error; vCancelled: the context's error
 	lease   string        // vLease: the lease value seen
 	digest  string        // vStale, vUndecodable, and a vHit due for refresh: the stored bytes' SHA-1
@@ -305,27 +239,27 @@ type judgement[T any] struct {
 // value. Get, GetOrLoad, GetMany, GetOrLoadMany and the loads all use it.
 // readThrough says whether the caller has a loader: only then is a digest
 // (for a guarded reload) or a refresh worth computing.
-func (c *Cache[T]) judge(key string, p *policy[T], rp reply, readThrough bool) judgement[T] {
+func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgement {
 	s, left := rp.s, rp.left
 	switch err := rp.err; {
 	case err == redis.Nil && rp.placed:
-		return judgement[T]{v: vMiss, placed: rp.lease}
+		return judgement{v: vMiss, placed: rp.lease}
 	case err == redis.Nil:
-		return judgement[T]{v: vMiss}
+		return judgement{v: vMiss}
 	case errors.Is(err, ErrRedis):
-		j := judgement[T]{v: vUnavailable, err: err}
+		j := judgement{v: vUnavailable, err: err}
 		if maybeRan(err) {
 			j.unsure = rp.lease
 		}
 		return j
 	case err != nil:
-		return judgement[T]{v: vCancelled, err: err, unsure: rp.lease}
+		return judgement{v: vCancelled, err: err, unsure: rp.lease}
 	case len(s) == 1 && s[0] == codec.HeaderTombstone:
-		return judgement[T]{v: vTombstone}
+		return judgement{v: vTombstone}
 	case len(s) > 0 && s[0] == codec.HeaderLease:
-		return judgement[T]{v: vLease, lease: s}
+		return judgement{v: vLease, lease: s}
 	}
-	j := judgement[T]{left: left}
+	j := judgement{left: left}
 	if left >= 0 {
 		j.expires = rp.sent.Add(left)
 	}
@@ -396,7 +330,7 @@ type reply struct {
 // the command (see setGetRefused) is read with a plain GET at once, in the
 // same budget, and for setGetBackoff after; its misses take their lease
 // by script.
-func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], lease bool) reply {
+func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) reply {
 	rp := reply{left: -1}
 	if lease && c.canSetGet(ctx, key) {
 		rp.lease = c.newLease()
@@ -422,7 +356,7 @@ func (c *Cache[T]) fetch(ctx context.Context, key string, p *policy[T], lease bo
 
 // read reads key into rp in one round trip: with PTTL when the policy
 // needs it, placing rp.lease where the key holds nothing when it is set.
-func (c *Cache[T]) read(ctx context.Context, key string, p *policy[T], rp *reply) (err error) {
+func (c *cache) read(ctx context.Context, key string, p *policy, rp *reply) (err error) {
 	var get *redis.StringCmd
 	if rp.lease != "" {
 		get = setGetCmd(ctx, key, rp.lease, c.leaseTTL())
@@ -464,8 +398,8 @@ func ttlLeft(pttl *redis.DurationCmd) time.Duration {
 // decode turns a stored value into a result, written into r: the caller's
 // result lives where the shared work keeps it, so decoding into it costs
 // no allocation of its own.
-func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (err error) {
-	*r = result[T]{}
+func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error) {
+	*r = result{}
 	plain := 0 // the serialized value's size, for the observer and the near cache
 	defer func() { r.size = plain }()
 	if c.obs != nil {
@@ -476,7 +410,7 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 			}
 		}()
 	}
-	if c.raw {
+	if c.kind.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
 		b, err := c.dicts.Decode(nil, data, c.maxSize, &p.dictRedis)
@@ -493,7 +427,7 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 			r.data = b // each caller copies it in deliver
 			return nil
 		}
-		*(*[]byte)(unsafe.Pointer(&r.val)) = b
+		r.val = c.kind.fromBytes(b)
 		return nil
 	}
 	var payload []byte
@@ -519,8 +453,7 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 		// Each caller decodes a copy of its own, later; decode one here
 		// as well, so that a value the serializer cannot read is judged
 		// undecodable now, and reloaded, rather than failing each caller.
-		var probe T
-		if err := c.ser.Unmarshal(payload, &probe); err != nil {
+		if err := c.ser.Unmarshal(payload, c.kind.new()); err != nil {
 			return keyErr("get", key, serializationErr(err))
 		}
 		r.data = bytes.Clone(payload)
@@ -529,33 +462,36 @@ func (c *Cache[T]) decode(key string, p *policy[T], data []byte, r *result[T]) (
 		}
 		return nil
 	}
-	if err := c.ser.Unmarshal(payload, &r.val); err != nil {
+	v := c.kind.new()
+	if err := c.ser.Unmarshal(payload, v); err != nil {
 		return keyErr("get", key, serializationErr(err))
 	}
+	r.val = v
 	return nil
 }
 
-func (c *Cache[T]) unmarshal(data []byte, v *T) error {
-	if c.raw {
-		*(*[]byte)(unsafe.Pointer(v)) = bytes.Clone(data)
-		return nil
+// unmarshal decodes a serialized value into a new *T.
+func (c *cache) unmarshal(data []byte) (any, error) {
+	if c.kind.raw {
+		return c.kind.fromBytes(bytes.Clone(data)), nil
 	}
+	v := c.kind.new()
 	if err := c.ser.Unmarshal(data, v); err != nil {
-		return serializationErr(err)
+		return nil, serializationErr(err)
 	}
-	return nil
+	return v, nil
 }
 
 // deliver counts a caller's outcome and gives it its value (see count
 // and value).
-func (c *Cache[T]) deliver(key string, p *policy[T], r result[T], err error, shared bool) (T, error) {
+func (c *cache) deliver(key string, p *policy, r result, err error, shared bool) (any, error) {
 	r, err = c.count(p, r, err, shared)
 	return c.value(key, r, err)
 }
 
 // count counts a caller's outcome, for Stats and the Observer. shared says
 // whether the caller shared work another began.
-func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (result[T], error) {
+func (c *cache) count(p *policy, r result, err error, shared bool) (result, error) {
 	o := readOutcome(r.stale, r.from, err)
 	near := o == ReadHit && r.from == fromNear
 	inc(&p.stats.Gets)
@@ -581,17 +517,16 @@ func (c *Cache[T]) count(p *policy[T], r result[T], err error, shared bool) (res
 
 // value gives a caller the value of its result: its own copy when each
 // caller decodes its own.
-func (c *Cache[T]) value(key string, r result[T], err error) (T, error) {
+func (c *cache) value(key string, r result, err error) (any, error) {
 	if err != nil {
-		var zero T
-		return zero, err
+		return nil, err
 	}
 	if r.data == nil {
 		return r.val, nil
 	}
-	var v T
-	if err := c.unmarshal(r.data, &v); err != nil {
-		return v, keyErr("get", key, err)
+	v, err := c.unmarshal(r.data)
+	if err != nil {
+		return nil, keyErr("get", key, err)
 	}
 	return v, nil
 }

@@ -51,7 +51,7 @@ const (
 // the node answered other calls (judged late: see judgeCall) is made
 // again, each time with a budget of its own, for up to the load timeout
 // or until ctx ends.
-func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], repeatable bool, f func(context.Context) error) error {
+func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeatable bool, f func(context.Context) error) error {
 	b := c.nodes.Find(ctx, key)
 	slot, err := b.Enter(ctx, c.life.ctx.Done(), op != opGet)
 	if err != nil {
@@ -99,7 +99,7 @@ func (c *Cache[T]) roundTrip(ctx context.Context, op, key string, p *policy[T], 
 // key is sent to the client as it is, through roundTrip, since a pipeline
 // of one command costs allocations and saves no round trip. (A load of one
 // key is a batch of one: its lease and its store are such commands.)
-func (c *Cache[T]) roundTripMany(ctx context.Context, op string, keys []string, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
+func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
 	errs := make([]error, len(keys))
 	switch {
 	case len(keys) == 0:

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
-	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -34,17 +33,8 @@ func SetTTL(d time.Duration) SetOption {
 	}
 }
 
-// Set stores value under key with the key's policy: serialized, compressed
-// when above the policy's threshold and when that saves at least its
-// minimum, with its TTL.
-//
-// Once Set returns, no load of key that began before it, in any process,
-// stores its value over this one, and no Get of this process that starts
-// afterwards returns an older value: Set overwrites the lease of a load in
-// progress (see Loader) and detaches this process's reads and loads of
-// the key from later callers. If Set fails, Redis may or may not hold the
-// value; later Gets in this process read afresh either way.
-func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOption) error {
+// setOne is Set, with value a *T.
+func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOption) error {
 	if err := c.life.begin(opSet, key); err != nil {
 		return err
 	}
@@ -71,13 +61,8 @@ func (c *Cache[T]) Set(ctx context.Context, key string, value T, opts ...SetOpti
 	})[0]
 }
 
-// Delete removes keys. Keys that do not exist are not an error. On Redis
-// Cluster the keys may live in different slots.
-//
-// Once Delete returns, no load of these keys that began before it, in any
-// process, stores its value, and no Get of this process that starts
-// afterwards returns a value read or loaded before it; see Set.
-func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
+// remove is Delete.
+func (c *cache) remove(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -92,7 +77,7 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 	return c.delMany(ctx, keys)
 }
 
-func (c *Cache[T]) del(ctx context.Context, key string) error {
+func (c *cache) del(ctx context.Context, key string) error {
 	w := owed.Write{Op: "delete", Keys: []string{key}}
 	return c.owed.Write(ctx, &w, func() []error {
 		return []error{c.roundTrip(ctx, "delete", key, c.policy(key), true, func(ctx context.Context) error {
@@ -103,11 +88,14 @@ func (c *Cache[T]) del(ctx context.Context, key string) error {
 
 // marshal appends v's serialized form to dst. For raw T it returns v's
 // own bytes, not a copy.
-func (c *Cache[T]) marshal(dst []byte, v T) ([]byte, error) {
-	if c.raw {
-		return *(*[]byte)(unsafe.Pointer(&v)), nil
+func (c *cache) marshal(dst []byte, v any) ([]byte, error) {
+	if c.kind.raw {
+		return c.kind.bytes(v), nil
 	}
-	b, err := c.ser.Marshal(dst, &v)
+	if v == nil {
+		v = c.kind.new() // T's zero value
+	}
+	b, err := c.ser.Marshal(dst, v)
 	if err != nil {
 		return dst, serializationErr(err)
 	}
@@ -151,7 +139,7 @@ func (e *encoded) detach() {
 //
 // op names the call in errors: "set" for a write of the caller's, "load"
 // for the store of a loaded value.
-func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T) (e encoded, err error) {
+func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e encoded, err error) {
 	var start time.Time
 	if c.obs != nil {
 		start = time.Now()
@@ -168,7 +156,7 @@ func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T
 		e.release()
 		return e, keyErr(op, key, err)
 	}
-	if !c.raw {
+	if !c.kind.raw {
 		*sbuf = payload[:0]
 	}
 	if len(payload) > c.maxSize {
@@ -176,7 +164,7 @@ func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T
 		return e, keyErr(op, key, &kindError{ErrTooLarge, fmt.Errorf("too large to store: %d bytes serialized, over the limit of %d (WithMaxValueSize)", len(payload), c.maxSize)})
 	}
 	e.payload = payload
-	verbatim := (c.raw || c.ser.Text()) && codec.Plain(payload)
+	verbatim := (c.kind.raw || c.ser.Text()) && codec.Plain(payload)
 	plainLen := len(payload)
 	if !verbatim {
 		plainLen++
@@ -217,7 +205,7 @@ func (c *Cache[T]) encode(ctx context.Context, op, key string, p *policy[T], v T
 }
 
 // expiry applies the policy's jitter and stale window to a TTL.
-func (c *Cache[T]) expiry(p *policy[T], ttl time.Duration) time.Duration {
+func (c *cache) expiry(p *policy, ttl time.Duration) time.Duration {
 	if ttl == Off {
 		return ttl
 	}
@@ -241,7 +229,7 @@ func redisTTL(ttl time.Duration) time.Duration {
 // set writes stored under key unconditionally: a write of the caller's,
 // which overwrites any value and any lease, so that no load begun before
 // it can store its value afterwards (see the leases below).
-func (c *Cache[T]) set(ctx context.Context, key string, p *policy[T], stored []byte, ttl time.Duration) error {
+func (c *cache) set(ctx context.Context, key string, p *policy, stored []byte, ttl time.Duration) error {
 	err := c.roundTrip(ctx, "set", key, p, true, func(ctx context.Context) error {
 		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
 	})
@@ -319,7 +307,7 @@ type guard struct {
 }
 
 // digestGuard is the guard of a load that began from the value j judged.
-func digestGuard[T any](j judgement[T]) guard {
+func digestGuard(j judgement) guard {
 	g := guard{kind: guardDigest, value: j.digest, maxPTTL: -1}
 	if j.left > 0 {
 		g.maxPTTL = j.left.Milliseconds() + 1
@@ -397,7 +385,7 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 // for none). A key's error is redis.Nil when its lease is in place; nil
 // when it holds something else, which held[i] is; otherwise the Redis
 // failure (see roundTripMany).
-func (c *Cache[T]) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
+func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
 	cmds := make([]*redis.Cmd, len(keys))
 	errs = c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), olds[i])
@@ -429,7 +417,7 @@ var errSuperseded = errors.New("packcache: superseded by a later write")
 // storeGuarded makes guarded writes in one pipeline, and returns each
 // one's error: nil when it wrote, errSuperseded when its guard no longer
 // held, or a Redis failure.
-func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
+func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
 	keys := make([]string, len(writes))
 	for i, w := range writes {
 		keys[i] = w.key
@@ -459,7 +447,7 @@ func (c *Cache[T]) storeGuarded(ctx context.Context, writes []pendingWrite) []er
 // releaseLeases removes leases[i] from keys[i], in one pipeline, where it
 // is still there: the loads they stood for store nothing. Failures are
 // reported; a lease not released expires by itself.
-func (c *Cache[T]) releaseLeases(ctx context.Context, keys, leases []string) {
+func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
 	if len(keys) == 0 {
 		return
 	}
