@@ -41,14 +41,14 @@ type cache struct {
 	serveError   ServeErrorFunc
 	obs          Observer // nil: none
 	base         *policy
-	prefixes     []*policy   // longest prefix first
+	prefixes     []*policy      // longest prefix first
 	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
 	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
 
 	lookups group[result, flight] // Gets without a loader: read and decode
 	reads   group[result, flight] // Gets with a loader: read, decode, and load on a miss
-	loads   registry                 // loads, shared by the reads that found the same state
-	leases  leaseBook                   // unsure leases, and nodes that refuse SET NX GET (lease.go)
+	loads   registry              // loads, shared by the reads that found the same state
+	leases  leaseBook             // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	life  life
 	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
@@ -84,7 +84,7 @@ type policy struct {
 	negativeTTL  time.Duration // 0: not remembered
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
-	near         *near      // nil: no near cache
+	near         *near         // nil: no near cache
 	stats        *counters
 
 	// The policy's zstd dictionary, if any, and the dictionary set's way
@@ -96,7 +96,7 @@ type policy struct {
 
 // result is what shared work hands its callers.
 type result struct {
-	val   any // a *T; nil for none
+	val   any    // a *T; nil for none
 	data  []byte // the serialized value, when each caller decodes its own
 	size  int    // the serialized value's length, when decoded from Redis
 	from  source

@@ -168,19 +168,19 @@ type loadJob struct {
 	key     string
 	p       *policy
 	from    judgement     // what the read that started the load found
-	token   string           // the load's identity in the registry: see loadToken
-	refresh bool             // a background refresh of a value still fresh
+	token   string        // the load's identity in the registry: see loadToken
+	refresh bool          // a background refresh of a value still fresh
 	cl      *call[result] // the key's call in the registry
 
-	load   bool             // the loader is to be called for it, storing under g
-	g      guard            // how it may store
-	seen   string           // another process's lease it found, while settling
-	own    bool             // seen is a lease of this process's whose outcome it did not learn
-	mine   bool             // seen is this cache's lease, placed by a read whose load had not registered
+	load   bool          // the loader is to be called for it, storing under g
+	g      guard         // how it may store
+	seen   string        // another process's lease it found, while settling
+	own    bool          // seen is a lease of this process's whose outcome it did not learn
+	mine   bool          // seen is this cache's lease, placed by a read whose load had not registered
 	join   *call[result] // another load of this process that now holds the key
-	stored bool             // its value (or tombstone) was written
-	loaded bool             // the loader gave a value or ErrNotFound for it (Loads)
-	kept   bool             // not stored, and counted why (Superseded or TooLarge)
+	stored bool          // its value (or tombstone) was written
+	loaded bool          // the loader gave a value or ErrNotFound for it (Loads)
+	kept   bool          // not stored, and counted why (Superseded or TooLarge)
 	res    result
 	err    error
 }
@@ -750,7 +750,6 @@ func isKeyError(err error, key string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Key == key
 }
-
 
 // A registry keeps this process's loads under way, so that reads that
 // find the same state of a key share one load: a reader joins the load

@@ -134,7 +134,7 @@ type near struct {
 }
 
 type nearEntry struct {
-	val    any // a *T
+	val    any           // a *T
 	data   []byte        // the serialized value, when each caller decodes its own
 	edge   *httpenc.Edge // what Serve keeps, once the near cache is edged
 	weight uint32

@@ -218,7 +218,7 @@ const (
 // A judgement is a verdict with what the reader needs to act on it.
 type judgement struct {
 	v       verdict
-	r       result     // vHit and vStale: the value
+	r       result        // vHit and vStale: the value
 	err     error         // vUndecodable and vUnavailable: why, as an *Error; vCancelled: the context's error
 	lease   string        // vLease: the lease value seen
 	digest  string        // vStale, vUndecodable, and a vHit due for refresh: the stored bytes' SHA-1
