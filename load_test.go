@@ -115,13 +115,30 @@ func TestSurgeAcrossProcessesWithLock(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		var loads atomic.Int64
-		load := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
-			loads.Add(1)
-			time.Sleep(100 * time.Millisecond)
-			return Channel{ID: key}, nil
-		})
 		// Four "processes": each its own client, cache and coalescing.
 		var caches []*packcache.Cache[Channel]
+		// The load holds its lease until the three other processes have
+		// each found it and begun to wait (however slowly a busy machine
+		// brings their readers to Redis), so that the count of lock waits
+		// is the protocol's, not the scheduler's.
+		load := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+			loads.Add(1)
+			for {
+				var waits uint64
+				for _, c := range caches {
+					waits += c.Stats().LockWaits
+				}
+				if waits >= 3 {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return Channel{}, ctx.Err()
+				case <-time.After(time.Millisecond):
+				}
+			}
+			return Channel{ID: key}, nil
+		})
 		for range 4 {
 			var rdb = tg.Client
 			if tg.Server != nil {
