@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
@@ -56,10 +57,11 @@ type cache struct {
 
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
-	nears    []*near
-	tracker  *tracking.Tracker
-	marks    marks
-	nearOnce sync.Once
+	nears     []*near
+	tracker   *tracking.Tracker
+	marks     marks
+	nearOnce  sync.Once
+	nearClock *otter.CoarseClock // otter's clock for the near caches' expiry (see newNear)
 }
 
 // needsPTTL reports whether a read of a key under p must learn the time the
@@ -375,6 +377,9 @@ func (c *cache) closeNear() {
 		}
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
+		}
+		if c.nearClock != nil {
+			c.nearClock.Stop()
 		}
 		c.changed(flushed)
 	})

@@ -138,13 +138,18 @@ type nearEntry struct {
 	data   []byte        // the serialized value, when each caller decodes its own
 	edge   *httpenc.Edge // what Serve keeps, once the near cache is edged
 	weight uint32
-	// expires is when the entry ends, in unix nanoseconds: given as a time,
-	// not a duration from when the entry is set, so that it ends then
-	// however long setting it takes.
+	// expires is when the entry ends, in nanoseconds since the gate's
+	// epoch on the monotonic clock (see get): given as a time, not a
+	// duration from when the entry is set, so that it ends then however
+	// long setting it takes.
 	expires int64
 }
 
-func newNear(lc LocalCache, m *marks) (*near, error) {
+// newNear makes a near cache whose entries otter expires by clock, a
+// coarse one: get checks each entry's end itself, on the gate's reading of
+// the precise clock, so that a near hit reads the clock once, and otter's
+// expiry only frees the memory of entries past their end.
+func newNear(lc LocalCache, m *marks, clock otter.Clock) (*near, error) {
 	if err := lc.check(); err != nil {
 		return nil, err
 	}
@@ -154,8 +159,10 @@ func newNear(lc LocalCache, m *marks) (*near, error) {
 		MaximumWeight: uint64(lc.MaxBytes),
 		Weigher:       func(_ string, e nearEntry) uint32 { return e.weight },
 		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry]) time.Duration {
-			return time.Duration(e.Value.expires - e.SnapshotAtNano)
+			now, _ := n.gate.OpenNow()
+			return time.Duration(e.Value.expires - now)
 		}),
+		Clock: clock,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("packcache: near cache: %w", err)
@@ -165,10 +172,15 @@ func newNear(lc LocalCache, m *marks) (*near, error) {
 
 // get returns key's entry if the near cache may serve it now.
 func (n *near) get(key string) (nearEntry, bool) {
-	if !n.gate.Open() {
+	now, open := n.gate.OpenNow()
+	if !open {
 		return nearEntry{}, false
 	}
-	return n.entries.GetIfPresent(key)
+	e, ok := n.entries.GetIfPresent(key)
+	if !ok || now >= e.expires {
+		return nearEntry{}, false
+	}
+	return e, true
 }
 
 // put keeps r as key's value if nothing invalidated key since ticket was
@@ -190,7 +202,7 @@ func (n *near) put(key string, t ticket, r result, size int, until time.Time) {
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
 		until = most
 	}
-	e := nearEntry{val: r.val, data: r.data, edge: eg, weight: uint32(min(w, 1<<32-1)), expires: until.UnixNano()}
+	e := nearEntry{val: r.val, data: r.data, edge: eg, weight: uint32(min(w, 1<<32-1)), expires: int64(until.Sub(n.gate.Epoch()))}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.
@@ -256,11 +268,21 @@ func (m *marks) touchAll() { m.epoch.Add(1) }
 // startNear makes the near caches the policies ask for (one for the base
 // and the prefixes that inherit it, one for each prefix with a LocalCache
 // of its own) and starts their invalidation stream.
-func (c *cache) startNear(rdb redis.UniversalClient, cfg config) error {
+func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
+	defer func() {
+		if err != nil && c.nearClock != nil {
+			c.nearClock.Stop()
+		}
+	}()
 	var tracked []string
 	minLag := time.Duration(0)
 	add := func(p *policy, lc LocalCache) error {
-		n, err := newNear(lc, &c.marks)
+		if c.nearClock == nil {
+			// Otter's expiry needs no precision (see newNear): one read of
+			// the time a second, for all the near caches.
+			c.nearClock = otter.NewCoarseClock(time.Second)
+		}
+		n, err := newNear(lc, &c.marks, c.nearClock)
 		if err != nil {
 			return err
 		}

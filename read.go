@@ -32,51 +32,55 @@ func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error)
 	if fn == nil {
 		fn = p.loader
 	}
-	r, err := c.get(ctx, key, p, fn)
-	return c.value(key, r, err)
+	var r result
+	err := c.get(ctx, key, p, fn, &r)
+	return c.value(key, &r, err)
 }
 
 // get is Get, GetOrLoad and Serve, with ld the loader (nil: none): the
-// caller's result, counted, for the caller to hand out in its own form
-// (Get's is value's).
-func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne) (result, error) {
+// caller's result, counted, into r, for the caller to hand out in its own
+// form (Get's is value's). Results pass by pointer: a near hit copies
+// none.
+func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne, r *result) (err error) {
 	if err := ctx.Err(); err != nil {
 		// Already over: no read, no load, nothing counted, as in the
 		// batch calls.
-		return result{}, err
+		return err
 	}
 	if c.owed.Has(key) {
 		// What Redis holds may be what a failed write meant to replace.
-		r, err := c.act(ctx, flight{c: c, key: key, p: p, ld: ld}, judgement{v: vOwed})
+		*r, err = c.act(ctx, flight{c: c, key: key, p: p, ld: ld}, judgement{v: vOwed})
 		return c.count(p, r, err, r.joined)
 	}
-	if r, err, ok := c.fast(ctx, key, p, ld != nil); ok {
+	if err, ok := c.fast(ctx, key, p, ld != nil, r); ok {
 		return c.count(p, r, err, r.from != fromNear)
 	}
 	f := flight{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
-		r, err := f.run(ctx, nil)
+		*r, err = f.run(ctx, nil)
 		return c.count(p, r, err, false)
 	}
 	g := &c.lookups
 	if ld != nil {
 		g = &c.reads
 	}
-	r, err, shared := g.do(ctx, key, f) // f.joining counts a shared read
+	var shared bool
+	*r, err, shared = g.do(ctx, key, f) // f.joining counts a shared read
 	return c.count(p, r, err, shared)
 }
 
 // fast answers a Get from the near cache or from a read of the key still
 // shared, without locks: the path a surge's callers take. It is kept
 // small, apart from get, so that their goroutines' stacks need not grow.
-func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough bool) (r result, err error, ok bool) {
+func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough bool, r *result) (err error, ok bool) {
 	if p.near != nil {
 		if e, ok := p.near.get(key); ok {
-			return result{val: e.val, data: e.data, edge: e.edge, from: fromNear}, nil, true
+			r.val, r.data, r.edge, r.from = e.val, e.data, e.edge, fromNear
+			return nil, true
 		}
 	}
 	if !c.coalesce {
-		return r, nil, false
+		return nil, false
 	}
 	g := &c.lookups
 	if readThrough {
@@ -84,7 +88,7 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 	}
 	cl, ok := g.lookHot(key, time.Now().UnixNano())
 	if !ok {
-		return r, nil, false
+		return nil, false
 	}
 	select {
 	case <-cl.done:
@@ -92,12 +96,12 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 		// Under way: a loader waiting for its own key's read would wait
 		// for itself.
 		if err := c.reentrant(ctx, key); err != nil {
-			return r, err, true
+			return err, true
 		}
 	}
 	inc(&p.stats.CoalescedWaits)
-	r, err = wait(ctx, cl)
-	return r, err, true
+	*r, err = wait(ctx, cl)
+	return err, true
 }
 
 // flight holds what one read needs, passed by value so that no closure is
@@ -482,16 +486,16 @@ func (c *cache) unmarshal(data []byte) (any, error) {
 // deliver counts a caller's outcome and gives it its value (see count
 // and value).
 func (c *cache) deliver(key string, p *policy, r result, err error, shared bool) (any, error) {
-	r, err = c.count(p, r, err, shared)
-	return c.value(key, r, err)
+	err = c.count(p, &r, err, shared)
+	return c.value(key, &r, err)
 }
 
 // count counts a caller's outcome, for Stats and the Observer. shared says
 // whether the caller shared work another began.
-func (c *cache) count(p *policy, r result, err error, shared bool) (result, error) {
+func (c *cache) count(p *policy, r *result, err error, shared bool) error {
 	o := readOutcome(r.stale, r.from, err)
 	near := o == ReadHit && r.from == fromNear
-	inc(&p.stats.Gets)
+	// Gets is not counted here: it is the sum of the outcomes (snapshot).
 	switch {
 	case o == ReadStale:
 		inc(&p.stats.StaleServes)
@@ -509,12 +513,12 @@ func (c *cache) count(p *policy, r result, err error, shared bool) (result, erro
 	if c.obs != nil {
 		c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})
 	}
-	return r, err
+	return err
 }
 
 // value gives a caller the value of its result: its own copy when each
 // caller decodes its own.
-func (c *cache) value(key string, r result, err error) (any, error) {
+func (c *cache) value(key string, r *result, err error) (any, error) {
 	if err != nil {
 		return nil, err
 	}

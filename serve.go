@@ -41,12 +41,14 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 	if p.near != nil && !p.near.edged.Load() {
 		p.near.edged.Store(true)
 	}
-	res, err := c.get(r.Context(), key, p, p.loader)
+	var res result
+	err := c.get(r.Context(), key, p, p.loader, &res)
 	if err == nil && res.from == fromNear && res.edge == nil {
 		// An entry made before the near cache was edged: replace it by
 		// a read of Redis, which keeps what Serve needs.
 		p.near.entries.Invalidate(key)
-		res, err = c.get(r.Context(), key, p, p.loader)
+		res = result{}
+		err = c.get(r.Context(), key, p, p.loader, &res)
 	}
 	var b *httpenc.Body
 	if err == nil {

@@ -143,6 +143,9 @@ func (c *counters) snapshot() Counters {
 	for _, i := range countFields {
 		to.Field(i).SetUint(atomic.LoadUint64((*uint64)(from.Field(i).Addr().UnsafePointer())))
 	}
+	// Every read is counted once, by its outcome: Gets is their sum, one
+	// atomic add fewer on a near hit.
+	s.Gets = s.NearHits + s.Hits + s.StaleServes + s.Misses + s.NotFoundHits + s.GetErrors
 	s.Codecs = map[string]CodecStats{}
 	for id := range c.codecs {
 		cc := &c.codecs[id]

@@ -123,9 +123,22 @@ type Gate struct {
 
 // Open reports whether the near caches of g may serve now.
 func (g *Gate) Open() bool {
-	until := g.until.Load()
-	return until != 0 && int64(time.Since(g.epoch)) < until
+	_, open := g.OpenNow()
+	return open
 }
+
+// OpenNow reports whether the near caches of g may serve now, and the
+// time it read: nanoseconds since the gate's epoch, on the monotonic
+// clock, so that a near hit can check its entry's end against the same
+// reading.
+func (g *Gate) OpenNow() (now int64, open bool) {
+	now = int64(time.Since(g.epoch))
+	until := g.until.Load()
+	return now, until != 0 && now < until
+}
+
+// Epoch is the time the gate's readings count from.
+func (g *Gate) Epoch() time.Time { return g.epoch }
 
 // Gate returns the gate of near caches that tolerate maxLag, the same one
 // for every call with the same maxLag.
