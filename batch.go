@@ -125,7 +125,7 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 	}
 	if len(jobs) > 0 {
 		c.life.spawn()
-		go c.runLoad(ctx, ld, jobs)
+		go c.runLoad(ctx, ld, jobs, nil)
 	}
 	for i, k := range toLoad {
 		p := c.policy(k)

@@ -201,14 +201,26 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 	// this one takes the token's place, and that load joins it as it
 	// settles.)
 	cl, joined := c.loads.claim(f.key, token, true, c.coalesce && j.placed == "")
-	if joined {
+	jobs := []loadJob{{key: f.key, p: f.p, from: j, token: token, cl: cl}}
+	switch {
+	case joined:
 		inc(&f.p.stats.CoalescedWaits)
-	} else {
+	case f.cl != nil && f.cl.own:
+		// The read runs on a goroutine of its own, which its callers
+		// wait for only through the read's call: the load runs on it
+		// too, one goroutine hand-off fewer each way, and at the load
+		// timeout releases the read's callers with its own.
+		c.life.spawn() // runLoad's, as for a goroutine of its own
+		c.runLoad(ctx, oneLoader{f.ld}, jobs, func(err error) {
+			r, err := c.fallBack(ctx, f.key, j, result{}, err)
+			c.reads.finish(f.key, f.cl, r, err)
+		})
+	default:
 		// On a goroutine of its own even when this caller cannot leave:
 		// the callers must be released at the load timeout whether or
 		// not the loader heeds its context.
 		c.life.spawn()
-		go c.runLoad(ctx, oneLoader{f.ld}, []loadJob{{key: f.key, p: f.p, from: j, token: token, cl: cl}})
+		go c.runLoad(ctx, oneLoader{f.ld}, jobs, nil)
 	}
 	return c.awaitLoad(ctx, f.key, f.p, j, cl, joined)
 }
@@ -221,6 +233,13 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgement, cl *call[result], joined bool) (result, error) {
 	r, err := wait(ctx, cl)
 	r.joined = joined
+	return c.fallBack(ctx, key, j, r, err)
+}
+
+// fallBack is a load's outcome, r and err, for a caller whose read found
+// j: a load that failed from a value past its TTL gives that value, as
+// StaleFor says.
+func (c *cache) fallBack(ctx context.Context, key string, j judgement, r result, err error) (result, error) {
 	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
 		c.report(ctx, key, err)
 		s := j.r
@@ -241,14 +260,18 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 	}
 	inc(&p.stats.Refreshes)
 	c.life.spawn()
-	go c.runLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
+	go c.runLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}}, nil)
 }
 
 // runLoad loads jobs with one call of fn, on a goroutine of its own, and
 // finishes each job's call: with the job's result, or, for callers still
 // waiting when the load's context ends, with its error. It is the one
 // load: of one key for a Get, of many for GetOrLoadMany.
-func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
+//
+// released, if not nil, is told the error of a load whose context ended
+// before its loader returned: the load runs on a read's goroutine, whose
+// callers it must release too.
+func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, released func(error)) {
 	defer c.life.exit()
 	keys := make([]string, len(jobs))
 	for i := range jobs {
@@ -258,16 +281,28 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
 	lctx, cancel := c.loadContext(ctx, keys, false)
 	defer cancel()
 	timeout := context.AfterFunc(lctx, func() {
+		ended := false
 		for i := range jobs {
-			c.loads.finish(jobs[i].key, jobs[i].cl, result{}, c.loadEnded(lctx, jobs[i].key))
+			ended = c.loads.finish(jobs[i].key, jobs[i].cl, result{}, c.loadEnded(lctx, jobs[i].key)) || ended
+		}
+		// Only a load that had not finished (its context ended first, not
+		// its cancel at the end of runLoad) releases a read's callers.
+		if ended && released != nil {
+			released(c.loadEnded(lctx, jobs[0].key))
 		}
 	})
 	l := &loadRun{c: c, jobs: jobs}
 	// However the load ends (runtime.Goexit in fn included), every call is
-	// finished: a call finished already keeps its result.
+	// finished: a call finished already keeps its result. (A call finished
+	// here, not below, is a load that ended by runtime.Goexit: its read's
+	// callers are released with its error too.)
 	defer func() {
+		ended := false
 		for i := range jobs {
-			c.loads.finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err)
+			ended = c.loads.finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err) || ended
+		}
+		if ended && released != nil {
+			released(jobs[0].err)
 		}
 	}()
 	_, err := protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
@@ -520,9 +555,11 @@ func (l *loadRun) settle(ctx context.Context) {
 			l.decide(ctx, i, from, nil)
 		}
 	}
-	for n, rp := range c.fetchMany(ctx, l.keysOf(reread)) {
-		i := reread[n]
-		l.decide(ctx, i, c.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
+	if len(reread) > 0 {
+		for n, rp := range c.fetchMany(ctx, l.keysOf(reread)) {
+			i := reread[n]
+			l.decide(ctx, i, c.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
+		}
 	}
 	l.acquire(ctx, missing, false)
 	// Leases of this process's own whose outcome it did not learn (their

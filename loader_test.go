@@ -504,9 +504,12 @@ func TestStaleOnError(t *testing.T) {
 		t.Fatalf("plain Get of a stale value: %v", err)
 	}
 	fail.Store(false)
+	// The reload stores with a fresh TTL+StaleFor: the key's time to live
+	// goes up, however long a busy machine takes between the calls.
+	before := rdb.PTTL(ctx, "k").Val()
 	c.Get(ctx, "k")
-	if d := rdb.PTTL(ctx, "k").Val(); d < 5*time.Second {
-		t.Fatalf("after a good reload PTTL = %v, want TTL+StaleFor", d)
+	if d := rdb.PTTL(ctx, "k").Val(); d <= before {
+		t.Fatalf("after a good reload PTTL = %v, %v before it: the reload stored nothing", d, before)
 	}
 }
 

@@ -111,6 +111,7 @@ type flight struct {
 	key string
 	p   *policy
 	ld  loadOne
+	cl  *call[result] // the read's call, once it runs (nil without coalescing)
 }
 
 // run is the work of one read, shared by the callers that coalesce (cl
@@ -118,6 +119,7 @@ type flight struct {
 // holds, and acts on the judgement.
 func (f flight) run(ctx context.Context, cl *call[result]) (result, error) {
 	c, key, p := f.c, f.key, f.p
+	f.cl = cl
 	var t ticket
 	if p.near != nil {
 		t = c.marks.take(key) // before the read is sent

@@ -81,6 +81,7 @@ type call[V any] struct {
 	token    string       // for loads: the state the load began from; joins must match it
 	detached atomic.Bool  // a write came after it began: no one may join it
 	prev     *call[V]     // for loads: the call of the key under way when this one began
+	own      bool         // for reads: the work runs on a goroutine of its own, not a caller's
 	aliases  []string     // for loads: other processes' leases it waits for, which joins match too
 
 	// sealed is set once a read's reply has arrived: with a share window
@@ -153,6 +154,7 @@ func (g *group[V, A]) do(ctx context.Context, key string, a A) (v V, err error, 
 		g.lead(ctx, key, c, a)
 		return c.val, c.err, false
 	default:
+		c.own = true // before the goroutine starts, which reads it
 		go g.run(context.WithoutCancel(ctx), key, c, a)
 	}
 	v, err = wait(ctx, c)
