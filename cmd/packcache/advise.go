@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/bits"
+	"runtime"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -71,7 +72,11 @@ packcache:dict:ID, where readers that lack it look (the one write advise makes).
 			case o.train && !cmd.Flags().Changed("sample"):
 				o.sample = 1000
 			}
-			c, err := cf.connect(cmd.Context())
+			writer := ""
+			if o.publish {
+				writer = "advise --publish"
+			}
+			c, err := cf.connect(cmd.Context(), writer, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -127,12 +132,19 @@ var candidates = []choice{
 	{name: "zstd", level: 11, c: codec.ZstdLevel(11)},
 }
 
-// Timing: each value is encoded and decoded repeatedly for at least
-// minOpTime, and the median value for at least minMedianTime.
+// Timing, once the codec is warm (warm): the whole sample is encoded and
+// decoded, every value in turn, for about minSampleTime, and the median
+// value for about minMedianTime; for the chart, each value for about
+// minOpTime.
 const (
 	minOpTime     = 200 * time.Microsecond
+	minSampleTime = 20 * time.Millisecond
 	minMedianTime = 20 * time.Millisecond
 )
+
+// now is the clock of the timings: time.Now, but for tests of what
+// advise makes of them.
+var now = time.Now
 
 // tieShare is how close in projected memory (and in saving, for the
 // threshold) two choices must be for the cheaper one to win.
@@ -164,17 +176,25 @@ type result struct {
 	Above      int     `json:"threshold_bytes"` // -1: off
 	Stored     float64 `json:"projected_stored_bytes"`
 	Memory     float64 `json:"projected_memory_bytes"`
-	GetUs      float64 `json:"get_us_at_median"`
-	SetUs      float64 `json:"set_us_at_median"`
+	GetUs      float64 `json:"get_us_at_median"` // mean over the values nearest the median in size; 0 for those stored plain
+	SetUs      float64 `json:"set_us_at_median"` // the same, for a Set; 0 for those at or under the threshold
 	Eligible   bool    `json:"within_bounds"`
 }
 
 type adviceReport struct {
-	Prefix      string    `json:"prefix"`
-	Keys        int64     `json:"keys"`
-	Sampled     int       `json:"sampled"`
-	Measured    int       `json:"measured"`
-	MedianBytes int       `json:"median_bytes"`
+	Prefix    string `json:"prefix"`
+	Keys      int64  `json:"keys"`
+	Sampled   int    `json:"sampled"`
+	TrainedOn int    `json:"trained_on,omitempty"` // with --train: the sampled values the dictionary learnt from, not measured
+	Measured  int    `json:"measured"`
+	// NotMeasured counts the other sampled values not measured, by why:
+	// lease, tombstone, dictionary (packcache's own keys) or undecodable.
+	NotMeasured map[string]int `json:"not_measured,omitempty"`
+	MedianBytes int            `json:"median_bytes"`
+	// Get and Set µs are the mean over the values nearest the median in
+	// size: BandValues of them, from BandBytes[0] to BandBytes[1] bytes.
+	BandBytes   [2]int    `json:"median_band_bytes"`
+	BandValues  int       `json:"median_band_values"`
 	StoredNow   int64     `json:"stored_bytes_now"`
 	MemoryNow   float64   `json:"memory_bytes_now_est"`
 	MaxGetUs    float64   `json:"max_get_us"`
@@ -198,15 +218,18 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	if g.Keys == 0 {
 		return fmt.Errorf("no string keys under prefix %q (%d keys of other types)", o.prefix, g.NotStrings)
 	}
-	// Values that are not data (leases, tombstones) or that cannot be
-	// decoded stay as they are under any policy: they count in the
-	// memory projection at their current size but are not measured.
+	// Values that are not data (leases, tombstones, packcache's own
+	// dictionaries) or that cannot be decoded stay as they are under any
+	// policy: they count in the memory projection at their current size
+	// but are not measured.
 	var values []sampled
 	var memOther, memSample float64
+	notMeasured := map[string]int{}
 	for _, v := range g.values {
 		memSample += float64(v.mem)
 		if v.decoded == nil {
 			memOther += float64(v.mem)
+			notMeasured[whyNotMeasured(v)]++
 			continue
 		}
 		values = append(values, v)
@@ -235,7 +258,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		sizes[i] = int64(len(v.decoded))
 	}
 	sorted := sortedCopy(sizes)
-	median := medianIndex(values)
+	median, band := medianBand(values)
 
 	medianBytes := float64(len(values[median].decoded))
 	if o.maxGetUs == 0 {
@@ -251,7 +274,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r, err := measure(ch, values, median, c.limit)
+		r, err := measure(ch, values, band, c.limit, o.chart != "")
 		if err != nil {
 			return err
 		}
@@ -263,8 +286,8 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	bar.finish()
 
 	rep := &adviceReport{
-		Prefix: o.prefix, Keys: g.Keys, Sampled: len(g.values), Measured: len(values),
-		MedianBytes: len(values[median].decoded), StoredNow: g.Stored, MemoryNow: float64(g.MemoryEst),
+		Prefix: o.prefix, Keys: g.Keys, Sampled: len(g.values), Measured: len(values), NotMeasured: notMeasured,
+		MedianBytes: len(values[median].decoded), BandBytes: [2]int{len(values[band[0]].decoded), len(values[band[len(band)-1]].decoded)}, BandValues: len(band), StoredNow: g.Stored, MemoryNow: float64(g.MemoryEst),
 		Results: results, MaxGetUs: o.maxGetUs, MaxSetUs: o.maxSetUs,
 	}
 	best := recommend(results)
@@ -282,6 +305,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 			return err
 		}
 		rep.Dictionary = da
+		rep.TrainedOn = da.TrainedOn
 	}
 
 	if o.chart != "" {
@@ -301,21 +325,113 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 	return nil
 }
 
-// medianIndex returns the index of the value of median decoded size.
-func medianIndex(values []sampled) int {
+// whyNotMeasured says why a sampled value that did not decode is not
+// measured: lease, tombstone, dictionary or undecodable.
+func whyNotMeasured(v sampled) string {
+	switch v.kind {
+	case kindLease:
+		return "lease"
+	case kindTombstone:
+		return "tombstone"
+	case kindDictionary:
+		return "dictionary"
+	}
+	return "undecodable"
+}
+
+// notMeasuredLabel words n values not measured for reason why.
+func notMeasuredLabel(why string, n int) string {
+	switch why {
+	case "lease":
+		return counted(int64(n), "lease")
+	case "tombstone":
+		return counted(int64(n), "tombstone")
+	case "dictionary":
+		if n == 1 {
+			return "1 zstd dictionary, packcache's own key"
+		}
+		return count(int64(n)) + " zstd dictionaries, packcache's own keys"
+	}
+	return count(int64(n)) + " undecodable"
+}
+
+// medianBand returns the index of the value of median decoded size, and
+// the indexes of the values nearest it in size: the middle fifth of the
+// sample by size (at least the median value), from the smallest.
+func medianBand(values []sampled) (median int, band []int) {
 	idx := make([]int, len(values))
 	for i := range idx {
 		idx[i] = i
 	}
 	slices.SortStableFunc(idx, func(a, b int) int { return len(values[a].decoded) - len(values[b].decoded) })
-	return idx[(len(idx)-1)/2]
+	m := (len(idx) - 1) / 2
+	k := max(1, len(idx)/5)
+	start := min(max(0, m-(k-1)/2), len(idx)-k)
+	return idx[m], idx[start : start+k]
 }
 
-// measure encodes and decodes every value with ch, timing both.
-func measure(ch choice, values []sampled, median, limit int) (*result, error) {
-	r := &result{choice: ch, Codec: ch.String(), vals: make([]one, len(values))}
+// warm encodes and decodes the values with ch, untimed, so that what
+// measure times is what a process that has been writing and reading such
+// values for a while pays, not the first uses of the codec.
+//
+// The zstd codecs keep GOMAXPROCS encoders and take them in turn, and the
+// tables of the slower levels are tens of MiB, touched for the first time
+// page by page. The first time one of zstd 11's encoders met a profile of
+// 200 bytes took 1-20 ms, against 6 µs once warm, and its first clearing
+// of its tables (every 256 values or so) 160-260 ms, against 2 ms later:
+// timed cold, zstd 11's column read "encode 1 MB/s" beside "Set µs 17.5"
+// (the median value, timed longer) for 202 bytes. So each value is
+// encoded GOMAXPROCS+1 times in a row, for every encoder to meet it, and
+// the sample again until each encoder has cleared its tables once
+// (warmCalls) or has taken in warmBytes, which touches every page of them.
+func warm(ch choice, values []sampled, limit int) error {
+	p := runtime.GOMAXPROCS(0)
 	var enc, dec []byte
-	var sumSize, sumComp, sumEnc, sumDec float64
+	calls, bytes := 0, 0
+	for calls < warmCalls*p && bytes < warmBytes*p || calls == 0 {
+		for _, v := range values {
+			for range p + 1 {
+				var err error
+				if enc, err = codec.AppendValue(enc[:0], ch.c, v.decoded); err != nil {
+					return fmt.Errorf("%s: encoding %s: %w", ch, v.key, err)
+				}
+				if dec, err = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict); err != nil {
+					return fmt.Errorf("%s: decoding what it encoded from %s: %w", ch, v.key, err)
+				}
+				calls++
+				bytes += len(v.decoded)
+			}
+		}
+	}
+	return nil
+}
+
+// Warming up (warm): the calls per encoder after which a zstd encoder
+// has cleared its tables at least once (it does every 256 or so), or the
+// bytes after which it has touched every page of them.
+const (
+	warmCalls = 300
+	warmBytes = 4 << 20
+)
+
+// measure encodes and decodes every value with ch: the size of each; the
+// speeds over the whole sample, every value encoded (decoded) in turn; and
+// the CPU a Get and a Set add at about the median size, over band, the
+// values nearest it (medianBand). With perValue (for
+// the chart) it times each value on its own too. Every timing is of the
+// codec warm (warm), as a process that writes and reads such values runs
+// it.
+func measure(ch choice, values []sampled, band []int, limit int, perValue bool) (*result, error) {
+	r := &result{choice: ch, Codec: ch.String(), vals: make([]one, len(values))}
+	none := ch.c.ID() == codec.HeaderNone
+	if !none {
+		if err := warm(ch, values, limit); err != nil {
+			return nil, err
+		}
+	}
+	stored := make([][]byte, len(values)) // what ch stores for each value, to time decoding
+	var enc, dec []byte
+	var sumSize, sumComp float64
 	for i, v := range values {
 		d := v.decoded
 		text := codec.Plain(v.stored) || json.Valid(d)
@@ -323,68 +439,127 @@ func measure(ch choice, values []sampled, median, limit int) (*result, error) {
 		if !(text && codec.Plain(d)) {
 			o.plain++
 		}
-		if ch.c.ID() == codec.HeaderNone {
+		sumSize += float64(o.size)
+		if none {
 			o.comp = o.plain
 			r.vals[i] = o
-			sumSize += float64(o.size)
 			sumComp += float64(o.comp)
 			continue
 		}
 		var err error
-		if enc, err = codec.AppendValue(enc[:0], ch.c, d); err != nil {
+		if stored[i], err = codec.AppendValue(nil, ch.c, d); err != nil {
 			return nil, fmt.Errorf("%s: encoding %s: %w", ch, v.key, err)
 		}
-		o.comp = len(enc)
-		o.enc = timeOp(minOpTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) })
-		if dec, err = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict); err != nil || len(dec) != len(d) {
+		if dec, err = codec.DecodeValueDict(dec[:0], stored[i], limit, ch.dict); err != nil || len(dec) != len(d) {
 			return nil, fmt.Errorf("%s: decoding what it encoded from %s: %v", ch, v.key, err)
 		}
-		o.dec = timeOp(minOpTime, func() { dec, _ = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict) })
-		r.vals[i] = o
-		sumSize += float64(o.size)
+		o.comp = len(stored[i])
 		sumComp += float64(o.comp)
-		sumEnc += o.enc
-		sumDec += o.dec
+		if perValue {
+			e := stored[i]
+			o.enc = timeOp(minOpTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) })
+			o.dec = timeOp(minOpTime, func() { dec, _ = codec.DecodeValueDict(dec[:0], e, limit, ch.dict) })
+		}
+		r.vals[i] = o
 	}
 	r.Ratio = sumComp / sumSize
-	if sumEnc > 0 {
-		r.EncMBs = sumSize / sumEnc * 1e3 // bytes per ns is GB/s
-		r.DecMBs = sumSize / sumDec * 1e3
+	if !none {
+		// Every value in turn, as many times as fill minSampleTime: the
+		// rare slow calls (a zstd encoder clearing its tables) count as
+		// often as they come, and no more.
+		encNs := timeOp(minSampleTime, func() {
+			for _, v := range values {
+				enc, _ = codec.AppendValue(enc[:0], ch.c, v.decoded)
+			}
+		})
+		decNs := timeOp(minSampleTime, func() {
+			for _, e := range stored {
+				dec, _ = codec.DecodeValueDict(dec[:0], e, limit, ch.dict)
+			}
+		})
+		r.EncMBs = sumSize / encNs * 1e3 // bytes per ns is GB/s
+		r.DecMBs = sumSize / decNs * 1e3
 	}
 	r.breakEven()
 	r.threshold()
-	// The median value, timed longer: the added CPU per Get and Set.
-	m := r.vals[median]
-	if ch.c.ID() != codec.HeaderNone && m.size > r.Above && r.Above >= 0 {
-		d := values[median].decoded
-		enc, _ = codec.AppendValue(enc[:0], ch.c, d)
-		r.SetUs = timeOp(minMedianTime, func() { enc, _ = codec.AppendValue(enc[:0], ch.c, d) }) / 1e3
-		if m.saves() {
-			r.GetUs = timeOp(minMedianTime, func() { dec, _ = codec.DecodeValueDict(dec[:0], enc, limit, ch.dict) }) / 1e3
+	// The CPU a Get and a Set add at about the median size: the values
+	// nearest it, in turn, as the sample's speeds are timed; a value the
+	// threshold stores plain adds nothing to a Get, and one at or under
+	// it nothing to a Set.
+	var set, get [][2][]byte // a value and what ch stores for it
+	for _, i := range band {
+		if v := r.vals[i]; !none && r.Above >= 0 && v.size > r.Above {
+			set = append(set, [2][]byte{values[i].decoded, stored[i]})
+			if v.saves() {
+				get = append(get, set[len(set)-1])
+			}
 		}
+	}
+	if len(set) > 0 {
+		r.SetUs = timeOp(minMedianTime, func() {
+			for _, v := range set {
+				enc, _ = codec.AppendValue(enc[:0], ch.c, v[0])
+			}
+		}) / float64(len(band)) / 1e3
+	}
+	if len(get) > 0 {
+		r.GetUs = timeOp(minMedianTime, func() {
+			for _, v := range get {
+				dec, _ = codec.DecodeValueDict(dec[:0], v[1], limit, ch.dict)
+			}
+		}) / float64(len(band)) / 1e3
 	}
 	return r, nil
 }
 
-// timeOp runs f repeatedly for at least min and returns ns per call.
+// timeOp returns the ns per call of f, the least of up to timedRuns runs
+// of calls lasting about min each (fewer if they take over timedRuns x min
+// in all). The number of calls in a run is fixed before the runs that are
+// timed, by an untimed calibration of about a tenth of min: a run that
+// ends as soon as its own calls have taken min reports a rare slow call
+// (zstd 11's encoders clear their tables every 256 values or so, for
+// milliseconds) with the weight of the few calls it ended, and the sum of
+// such runs over 500 profiles came to twice the mean of one long run of
+// the same calls. The least of the runs leaves out what other processes
+// took of the machine during the others; a run lasts long enough to hold
+// the slow calls that come with the codec.
 func timeOp(min time.Duration, f func()) float64 {
+	calibration := max(min/10, 1)
 	n := 1
 	for {
-		start := time.Now()
+		start := now()
 		for range n {
 			f()
 		}
-		el := time.Since(start)
-		if el >= min {
-			return float64(el.Nanoseconds()) / float64(n)
+		el := now().Sub(start)
+		if el >= calibration {
+			n = max(1, int(float64(n)*float64(min)/float64(el)))
+			break
 		}
 		if el <= 0 {
 			n *= 10
 			continue
 		}
-		n = int(float64(n)*1.2*float64(min)/float64(el)) + 1
+		n = int(float64(n)*1.2*float64(calibration)/float64(el)) + 1
 	}
+	best := math.Inf(1)
+	var total time.Duration
+	for range timedRuns {
+		start := now()
+		for range n {
+			f()
+		}
+		el := now().Sub(start)
+		best = math.Min(best, float64(el.Nanoseconds())/float64(n))
+		if total += el; total >= timedRuns*min {
+			break
+		}
+	}
+	return best
 }
+
+// timedRuns is how many runs timeOp times, at most.
+const timedRuns = 3
 
 // bucket is a value's size class: values from 2^b to 2^(b+1)-1 bytes.
 func bucket(size int) int { return bits.Len(uint(size)) }
@@ -585,7 +760,11 @@ func breakEvenCell(r *result) string {
 }
 
 func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
-	fmt.Fprintf(w, "advise %s  %s keys, %d values sampled, %d measured\n", rep.Prefix, count(rep.Keys), rep.Sampled, rep.Measured)
+	if rep.TrainedOn > 0 {
+		fmt.Fprintf(w, "advise %s  %s keys, %d values sampled: %d to train the dictionary on, %d measured\n", rep.Prefix, count(rep.Keys), rep.Sampled, rep.TrainedOn, rep.Measured)
+	} else {
+		fmt.Fprintf(w, "advise %s  %s keys, %d values sampled, %d measured\n", rep.Prefix, count(rep.Keys), rep.Sampled, rep.Measured)
+	}
 	fmt.Fprintf(w, "  value sizes (decoded): min %s  p10 %s  median %s  p90 %s  max %s\n",
 		bytesIEC(float64(sizes[0])), bytesIEC(float64(percentile(sizes, 10))), bytesIEC(float64(rep.MedianBytes)),
 		bytesIEC(float64(percentile(sizes, 90))), bytesIEC(float64(sizes[len(sizes)-1])))
@@ -594,8 +773,16 @@ func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
 		mix = append(mix, fmt.Sprintf("%s %s", m.Codec, share(float64(m.Keys), float64(g.Keys))))
 	}
 	fmt.Fprintf(w, "  now: stored %s (%s), memory (est.) %s\n", bytesIEC(float64(rep.StoredNow)), strings.Join(mix, ", "), bytesIEC(rep.MemoryNow))
-	if skipped := rep.Sampled - rep.Measured; skipped > 0 {
-		fmt.Fprintf(w, "  %d sampled values not measured (leases, tombstones or undecodable); kept at their size in the projection\n", skipped)
+	if len(rep.NotMeasured) > 0 {
+		var n int
+		var why []string
+		for _, k := range []string{"lease", "tombstone", "dictionary", "undecodable"} {
+			if c := rep.NotMeasured[k]; c > 0 {
+				n += c
+				why = append(why, notMeasuredLabel(k, c))
+			}
+		}
+		fmt.Fprintf(w, "  %s not measured (%s); kept at their size in the projection\n", counted(int64(n), "sampled value"), strings.Join(why, ", "))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)

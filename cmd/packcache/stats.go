@@ -36,7 +36,7 @@ It only reads: SCAN, STRLEN, GETRANGE, PTTL, GET, MEMORY USAGE and INFO.`,
 			if o.sample < 0 || o.count <= 0 {
 				return usagef("--sample must be 0 or more and --count positive")
 			}
-			c, err := cf.connect(cmd.Context())
+			c, err := cf.connect(cmd.Context(), "", cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -81,19 +81,24 @@ const (
 
 // group is what stats reports for one prefix, and its --json form.
 type group struct {
-	Prefix      string     `json:"prefix"`
-	Keys        int64      `json:"keys"`        // string keys
-	NotStrings  int64      `json:"not_strings"` // keys of other types, skipped
-	Stored      int64      `json:"stored_bytes"`
-	DecodedEst  int64      `json:"decoded_bytes_est"`
-	MemoryEst   int64      `json:"memory_bytes_est"`
-	Sampled     int        `json:"sampled"`
-	Undecodable int        `json:"undecodable_in_sample"`
-	Mix         []mixEntry `json:"codec_mix"`
-	PlainKeys   int64      `json:"plain_keys"` // stored uncompressed: plain or 01 none
-	PlainBytes  int64      `json:"plain_bytes"`
-	TTL         ttlSpread  `json:"ttl"`
-	Notes       []string   `json:"notes,omitempty"`
+	Prefix      string `json:"prefix"`
+	Keys        int64  `json:"keys"`        // string keys
+	NotStrings  int64  `json:"not_strings"` // keys of other types, skipped
+	Stored      int64  `json:"stored_bytes"`
+	DecodedEst  int64  `json:"decoded_bytes_est"`
+	MemoryEst   int64  `json:"memory_bytes_est"`
+	Sampled     int    `json:"sampled"`
+	Undecodable int    `json:"undecodable_in_sample"`
+	// Dictionaries counts the keys of packcache's own, zstd dictionaries
+	// (packcache:dict:<id>): not cached values, so neither plain nor
+	// compressed, and never decoded.
+	Dictionaries    int64      `json:"dictionaries"`
+	BadDictionaries int        `json:"bad_dictionaries_in_sample"` // sampled dictionary keys readers would refuse
+	Mix             []mixEntry `json:"codec_mix"`
+	PlainKeys       int64      `json:"plain_keys"` // stored uncompressed: plain or 01 none
+	PlainBytes      int64      `json:"plain_bytes"`
+	TTL             ttlSpread  `json:"ttl"`
+	Notes           []string   `json:"notes,omitempty"`
 
 	mix     map[string]*mixEntry
 	ttls    []int64
@@ -256,7 +261,10 @@ func pttlMillis(cmd *redis.DurationCmd) int64 {
 func (g *group) add(key string, strlen int64, head []byte, ttl int64, sampleSize int, rng *rand.Rand) {
 	g.Keys++
 	g.Stored += strlen
-	k := classify(head, int(strlen))
+	k := classifyKey(key, head, int(strlen))
+	if k == kindDictionary {
+		g.Dictionaries++
+	}
 	var b byte
 	if len(head) > 0 {
 		b = head[0]
@@ -331,7 +339,7 @@ func sampleValues(ctx context.Context, c *conn, g *group) error {
 			case err != nil:
 				return fmt.Errorf("GET %s: %w", s.key, err)
 			}
-			sv := sampled{key: s.key, stored: v, kind: classify(v, len(v)), mem: mems[i].Val(), pttl: pttlMillis(pttls[i])}
+			sv := sampled{key: s.key, stored: v, kind: classifyKey(s.key, v, len(v)), mem: mems[i].Val(), pttl: pttlMillis(pttls[i])}
 			if mems[i].Err() != nil {
 				// MEMORY USAGE may be renamed or denied (managed
 				// Redis): model the value's allocation and the
@@ -339,7 +347,12 @@ func sampleValues(ctx context.Context, c *conn, g *group) error {
 				sv.mem = redisAlloc(len(v)) + redisAlloc(len(s.key)) + 40
 				g.memModelled = true
 			}
-			if sv.kind != kindTombstone && sv.kind != kindLease {
+			switch sv.kind {
+			case kindTombstone, kindLease:
+			case kindDictionary:
+				// Not a value: checked as readers check it.
+				sv.err = checkDictionary(s.key, v).err
+			default:
 				sv.decoded, _, sv.err = c.decode(ctx, v)
 				if sv.err != nil {
 					sv.decoded = nil
@@ -381,7 +394,10 @@ func (g *group) finish() {
 			memN++
 		}
 		if v.decoded == nil {
-			if v.err != nil {
+			switch {
+			case v.err != nil && v.kind == kindDictionary:
+				g.BadDictionaries++
+			case v.err != nil:
 				g.Undecodable++
 			}
 			continue
@@ -411,7 +427,7 @@ func (g *group) finish() {
 			g.DecodedEst += m.Bytes
 		case "none":
 			g.DecodedEst += m.Bytes - m.Keys
-		case "tombstone", "lease", "empty":
+		case "tombstone", "lease", "empty", "dictionary":
 		default:
 			s := byLabel[m.Codec]
 			if s == nil || s.stored == 0 {
@@ -449,6 +465,9 @@ func printStats(w io.Writer, groups []*group) {
 		if g.NotStrings > 0 {
 			row("not strings", "%s of other types, skipped", counted(g.NotStrings, "key"))
 		}
+		if g.Dictionaries > 0 {
+			row("dictionaries", "%s: zstd dictionaries of packcache's own (%s<id>, FORMAT.md section 3.6), published for the values written with them; not cached values, never decoded", counted(g.Dictionaries, "key"), dictionaryKeyPrefix)
+		}
 		row("stored", "%s (%s bytes)", bytesIEC(float64(g.Stored)), count(g.Stored))
 		if g.Stored > 0 && g.DecodedEst > 0 {
 			row("decoded (est.)", "%s, stored/decoded %.3f, from %d sampled values", bytesIEC(float64(g.DecodedEst)), float64(g.Stored)/float64(g.DecodedEst), g.Sampled)
@@ -473,6 +492,9 @@ func printStats(w io.Writer, groups []*group) {
 		row("no expiry", "%s", counted(t.WithoutExpiry, "key"))
 		if g.Undecodable > 0 {
 			row("undecodable", "%d of %d sampled values (inspect them for the reason)", g.Undecodable, g.Sampled)
+		}
+		if g.BadDictionaries > 0 {
+			row("bad dictionaries", "%d sampled dictionary keys hold no dictionary readers accept under that name (inspect them for the reason)", g.BadDictionaries)
 		}
 		for _, n := range g.Notes {
 			row("note", "%s", n)
