@@ -23,36 +23,57 @@ func newAdviseCmd(cf *connFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "advise --prefix P [--sample N] [--chart FILE.svg] [--train [--dict-size N] [--dictionary-out FILE] [--publish]]",
 		Short: "Measure every codec on a prefix's own values and recommend a policy",
-		Long: `advise samples up to --sample values under --prefix and, for every built-in codec and
-level (none; lz4 fast; lz4hc 3, 6, 9; snappy; zstd 1, 3, 7, 11: fastest, default, better,
-best), measures on this machine the stored/plain size ratio, encode and decode speed, the
-break-even size (the smallest sampled size from which compression saves bytes), the
-threshold to recommend, the projected Redis memory of the prefix (MEMORY USAGE of the
-sample, with each value's allocation replaced by the one for what the codec would store,
-times the key count) and the CPU a Get and a Set would add at the median value size.
+		Long: `advise samples up to --sample values under --prefix (default 200; 1000 with
+--train) and, for every built-in codec and level (none; lz4 fast; lz4hc 3, 6, 9; snappy;
+zstd 1, 3, 7, 11: fastest, default, better, best), measures on this machine:
+
+  ratio         stored/plain bytes of the sample, every value compressed
+  encode MB/s   the sample's decoded bytes (10^6) per second of encoding every sampled
+  decode MB/s   value in turn (decoding what the codec stores), the codec warmed up
+                first as a process that has been running it has it
+  break-even    the smallest sampled size from which compression saves bytes
+  threshold     the threshold to recommend (below)
+  memory        the projected Redis memory of the prefix: MEMORY USAGE of the sample,
+                each value's allocation replaced by the one for what the codec would
+                store at that threshold, scaled to the key count
+  Get µs        the CPU the codec adds to a Get (decode) and a Set (encode) of a value
+  Set µs        of about the median size: the mean over the middle fifth of the sample
+                by size, timed as the speeds are; 0 for a value the threshold stores
+                plain. On values all of one size, Set µs is that size over encode MB/s;
+                on mixed sizes they differ as much as the codec's cost per byte
+                differs from small values to large ones.
 
 The threshold of a codec is the largest of 0, 64, 128, ... bytes (up to 4 KiB, or the
 break-even size if larger) such that storing the sampled values at or below it plain
 gives up at most 1% of the bytes that compressing every value saves.
 
-The recommendation is the codec with the smallest projected memory among those adding at
-most --max-get-us to a Get and --max-set-us to a Set at the median value; among those
+The recommendation is the codec with the smallest projected memory among those whose
+Get µs is at most --max-get-us and whose Set µs is at most --max-set-us; among those
 within 1% of that memory, the one adding the least CPU. none adds nothing, so it is
-chosen when no codec fits the bounds or saves over 1%. By default a Get may take 100 µs,
-or as long as 1 GB/s (about a 10 Gbit/s link) takes to carry the median value
-uncompressed if that is longer, and a Set 200 µs, or the time at 100 MB/s: caches are
-read more often than written.
+chosen when no codec fits the bounds or saves over 1%. --max-get-us 0, the default,
+means 100 µs, or as long as 1 GB/s (about a 10 Gbit/s link) takes to carry the median
+value uncompressed if that is longer; --max-set-us 0 means 200 µs, or the time at 100
+MB/s: caches are read more often than written. Lower them to favour CPU, raise them to
+favour memory; the line "rule:" prints the bounds used.
 
 It prints the recommendation as a packcache.Policy literal and as environment
-variables. It only reads.
+variables; --json prints the whole report as JSON instead. --chart FILE also writes an
+SVG of ratio and speeds against value size (timing each sampled value on its own too).
+--count is the COUNT hint of each SCAN; --progress draws progress on stderr even when
+it is not a terminal. Leases, tombstones, undecodable values and packcache's own keys
+(zstd dictionaries, packcache:dict:ID) are not measured; they keep their size in the
+projection.
 
---train trains a zstd dictionary (FORMAT.md section 3.6) of at most --dict-size bytes on
-half the sampled values (--sample defaults to 1000 then) and measures every codec, zstd
-1 and 3 with the dictionary too, on the other half, so that no projection counts a
-value the dictionary learnt from. It writes the dictionary to --dictionary-out (by
-default ID.dict in the working directory), prints its size, the projected memory with
-and without it, and the Policy literal to use; --publish also stores it in Redis under
-packcache:dict:ID, where readers that lack it look (the one write advise makes).`,
+--train trains a zstd dictionary (FORMAT.md section 3.6) of at most --dict-size bytes
+(default 4096) on half the sampled values and measures every codec, zstd 1 and 3 with
+the dictionary too, on the other half, so that no projection counts a value the
+dictionary learnt from. It writes the dictionary to --dictionary-out (by default ID.dict
+in the working directory), prints its size, the projected memory with and without it,
+and the Policy literal to use.
+
+advise only reads, but for --train --publish, which also stores the dictionary in Redis
+under packcache:dict:ID, where readers that lack it look. Like every command that
+writes, it needs its server named (--addr, --url, $PACKCACHE_ADDR or $PACKCACHE_URL).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.prefix == "" {
@@ -87,17 +108,17 @@ packcache:dict:ID, where readers that lack it look (the one write advise makes).
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&o.prefix, "prefix", "", "key prefix to advise on (required)")
-	fs.IntVar(&o.sample, "sample", 200, "values to sample")
+	fs.IntVar(&o.sample, "sample", 200, "values to sample (1000 with --train, unless given)")
 	fs.StringVar(&o.chart, "chart", "", "write an SVG chart of ratio and speed against value size to this `file`")
-	fs.Float64Var(&o.maxGetUs, "max-get-us", 0, "most CPU, in µs, a codec may add to a Get of the median value (0: 100 µs, or the median value's size at 1 GB/s if longer)")
-	fs.Float64Var(&o.maxSetUs, "max-set-us", 0, "most CPU, in µs, a codec may add to a Set of the median value (0: 200 µs, or the median value's size at 100 MB/s if longer)")
+	fs.Float64Var(&o.maxGetUs, "max-get-us", 0, "most CPU, in µs, a recommended codec may add to a Get at about the median size, the Get µs column (0: 100 µs, or the median value's size at 1 GB/s if longer)")
+	fs.Float64Var(&o.maxSetUs, "max-set-us", 0, "most CPU, in µs, a recommended codec may add to a Set at about the median size, the Set µs column (0: 200 µs, or the median value's size at 100 MB/s if longer)")
 	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
 	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
 	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
 	fs.BoolVar(&o.train, "train", false, "train a zstd dictionary on the sampled values, and advise with it too")
 	fs.IntVar(&o.dictSize, "dict-size", 4<<10, "largest dictionary --train may write, in bytes (256 to 131072)")
 	fs.StringVar(&o.dictOut, "dictionary-out", "", "`file` --train writes the dictionary to (default ID.dict)")
-	fs.BoolVar(&o.publish, "publish", false, "store the trained dictionary in Redis, where readers find it")
+	fs.BoolVar(&o.publish, "publish", false, "with --train, store the trained dictionary in Redis under packcache:dict:ID, where readers find it (a write: the server must be named)")
 	cmd.MarkFlagRequired("prefix")
 	return cmd
 }
@@ -142,9 +163,16 @@ const (
 	minMedianTime = 20 * time.Millisecond
 )
 
-// now is the clock of the timings: time.Now, but for tests of what
-// advise makes of them.
-var now = time.Now
+// clock is the clock of the timings, a reading in ns from any origin:
+// the CPU time of the thread that calls it where the system gives it
+// (cpuClock), but for tests of what advise makes of the timings.
+var clock = cpuClock
+
+// wallClock reads the wall clock, as time since the process began.
+var wallClock = func() func() time.Duration {
+	start := time.Now()
+	return func() time.Duration { return time.Since(start) }
+}()
 
 // tieShare is how close in projected memory (and in saving, for the
 // threshold) two choices must be for the cheaper one to win.
@@ -296,7 +324,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		t.above = never
 	}
 	rep.Recommended = best.Codec
-	rep.Rule = fmt.Sprintf("the smallest projected memory among codecs adding at most %g µs per Get and %g µs per Set at the median value; within %g%% of that memory, the least added CPU", o.maxGetUs, o.maxSetUs, 100*tieShare)
+	rep.Rule = fmt.Sprintf("the smallest projected memory among codecs adding at most %g µs per Get and %g µs per Set at about the median size; within %g%% of that memory, the least added CPU", o.maxGetUs, o.maxSetUs, 100*tieShare)
 	rep.Reason = reason(best, results, o)
 	rep.Policy = t.policyLiteral()
 	rep.Env = t.envVars(o.prefix)
@@ -390,7 +418,14 @@ func warm(ch choice, values []sampled, limit int) error {
 	calls, bytes := 0, 0
 	for calls < warmCalls*p && bytes < warmBytes*p || calls == 0 {
 		for _, v := range values {
-			for range p + 1 {
+			// A large value touches the tables' pages itself, and
+			// takes long enough that what its first meeting with an
+			// encoder costs is lost in it.
+			reps := p + 1
+			if len(v.decoded) >= warmLarge {
+				reps = 1
+			}
+			for range reps {
 				var err error
 				if enc, err = codec.AppendValue(enc[:0], ch.c, v.decoded); err != nil {
 					return fmt.Errorf("%s: encoding %s: %w", ch, v.key, err)
@@ -412,6 +447,7 @@ func warm(ch choice, values []sampled, limit int) error {
 const (
 	warmCalls = 300
 	warmBytes = 4 << 20
+	warmLarge = 64 << 10 // a value warm encodes once a pass, not once for each encoder
 )
 
 // measure encodes and decodes every value with ch: the size of each; the
@@ -520,18 +556,23 @@ func measure(ch choice, values []sampled, band []int, limit int, perValue bool) 
 // (zstd 11's encoders clear their tables every 256 values or so, for
 // milliseconds) with the weight of the few calls it ended, and the sum of
 // such runs over 500 profiles came to twice the mean of one long run of
-// the same calls. The least of the runs leaves out what other processes
-// took of the machine during the others; a run lasts long enough to hold
-// the slow calls that come with the codec.
+// the same calls. The clock is the thread's CPU time (clock), which other
+// processes of a busy machine do not add to; the least of the runs also
+// leaves out what they cost it otherwise (caches emptied, a GC's share),
+// and a run lasts long enough to hold the slow calls that come with the
+// codec.
 func timeOp(min time.Duration, f func()) float64 {
+	// One thread's CPU clock times only that thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	calibration := max(min/10, 1)
 	n := 1
 	for {
-		start := now()
+		start := clock()
 		for range n {
 			f()
 		}
-		el := now().Sub(start)
+		el := clock() - start
 		if el >= calibration {
 			n = max(1, int(float64(n)*float64(min)/float64(el)))
 			break
@@ -545,11 +586,11 @@ func timeOp(min time.Duration, f func()) float64 {
 	best := math.Inf(1)
 	var total time.Duration
 	for range timedRuns {
-		start := now()
+		start := clock()
 		for range n {
 			f()
 		}
-		el := now().Sub(start)
+		el := clock() - start
 		best = math.Min(best, float64(el.Nanoseconds())/float64(n))
 		if total += el; total >= timedRuns*min {
 			break
@@ -721,7 +762,7 @@ func reason(best *result, results []*result, o adviseOptions) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "%s projects %s of Redis memory", best.Codec, bytesIEC(best.Memory))
 	if best.choice.c.ID() != codec.HeaderNone {
-		fmt.Fprintf(&s, " and adds %.1f µs per Get and %.1f µs per Set at the median value", best.GetUs, best.SetUs)
+		fmt.Fprintf(&s, " and adds %.1f µs per Get and %.1f µs per Set at about the median size", best.GetUs, best.SetUs)
 	}
 	if smallest != best {
 		switch {
@@ -802,10 +843,17 @@ func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
 			breakEvenCell(r), aboveCell(r), bytesIEC(r.Memory), r.GetUs, r.SetUs)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\n  ratio: stored/plain bytes of the sample with every value compressed; MB/s: decoded bytes (10^6) per second;\n")
+	fmt.Fprintf(w, "\n  ratio: stored/plain bytes of the sample with every value compressed;\n")
+	fmt.Fprintf(w, "  MB/s: the sample's decoded bytes (10^6) per second, every value encoded (decoded) in turn, the codec warm;\n")
 	fmt.Fprintf(w, "  break-even: smallest sampled size from which compressing saves bytes (< X: every sampled value saves);\n")
 	fmt.Fprintf(w, "  memory: MEMORY USAGE of the sample with each value's allocation replaced, x %s keys, at the threshold shown;\n", count(rep.Keys))
-	fmt.Fprintf(w, "  Get/Set µs: CPU the codec adds at the median value (%s), 0 where the threshold stores it plain.\n", bytesIEC(float64(rep.MedianBytes)))
+	if rep.BandValues == 1 {
+		fmt.Fprintf(w, "  Get/Set µs: CPU the codec adds at the median value (%s), timed as the MB/s are; 0 where the threshold stores it plain.\n", bytesIEC(float64(rep.MedianBytes)))
+	} else {
+		fmt.Fprintf(w, "  Get/Set µs: CPU the codec adds at about the median size (%s): the mean over the %d sampled values of %s to %s,\n",
+			bytesIEC(float64(rep.MedianBytes)), rep.BandValues, bytesIEC(float64(rep.BandBytes[0])), bytesIEC(float64(rep.BandBytes[1])))
+		fmt.Fprintf(w, "    timed as the MB/s are; 0 for those the threshold stores plain.\n")
+	}
 	fmt.Fprintf(w, "\nrecommended: %s\n", rep.Recommended)
 	fmt.Fprintf(w, "  rule:   %s\n", rep.Rule)
 	fmt.Fprintf(w, "  reason: %s\n\n", rep.Reason)

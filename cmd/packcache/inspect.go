@@ -31,7 +31,17 @@ the FORMAT.md rule behind it.
 The format does not record compression levels; inspect re-encodes the value with each
 level of its codec and says which, if any, reproduce the stored bytes.
 
-It exits 1 if any key is missing, is not a string, or cannot be decoded.`,
+A key under packcache:dict: is packcache's own: a zstd dictionary published for the
+values written with it (FORMAT.md section 3.6), not a cached value. inspect says so and
+checks it as readers do: its name is packcache:dict: and an id in 8 lower-case hex
+digits, and it holds a dictionary of at most 128 KiB whose bytes hash to that id.
+
+--raw prints the value as stored instead of the decoded JSON; --json prints a
+machine-readable report, a JSON array with one object per key (with --raw, each with
+the stored bytes in base64).
+
+It exits 1 if any key is missing, is not a string, cannot be decoded, or is a
+dictionary key readers would refuse.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, keys []string) error {
 			c, err := cf.connect(cmd.Context(), "", cmd.ErrOrStderr())
@@ -375,6 +385,8 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 		fmt.Fprintln(w)
 	case r.ValueBase64 != nil:
 		fmt.Fprintf(w, "  value: %d bytes that are not JSON; --raw prints the value as stored\n", len(r.ValueBase64))
+	case r.Kind == "dictionary" && r.Error != "":
+		fmt.Fprintf(w, "  value: %s that readers do not take for the dictionary the key names; --raw prints them\n", counted(int64(r.Stored), "byte"))
 	case r.Kind == "dictionary":
 		fmt.Fprintf(w, "  value: the dictionary's %s, not JSON; --raw prints them (zstd -D reads them, FORMAT.md section 3.6)\n", counted(int64(r.Stored), "byte"))
 	}

@@ -269,10 +269,10 @@ func TestAdviseColumnsAgree(t *testing.T) {
 	}
 	fake.next = 0
 	fake.mu.Unlock()
-	savedCands, savedNow := candidates, now
+	savedCands, savedClock := candidates, clock
 	candidates = []choice{{name: "none", c: codec.None}, {name: "fake", c: fake}}
-	now = func() time.Time { return time.Unix(0, fake.clock.Load()) }
-	t.Cleanup(func() { candidates, now = savedCands, savedNow })
+	clock = func() time.Duration { return time.Duration(fake.clock.Load()) }
+	t.Cleanup(func() { candidates, clock = savedCands, savedClock })
 
 	for _, tg := range redistest.Targets(t) {
 		if tg.Server == nil {

@@ -54,7 +54,15 @@ default 1).
 section 3.6); --codec may then be left out, and --compress-above defaults to 64. A
 dictionary from a file is first published under packcache:dict:ID, where every reader
 finds it, unless --dry-run. Values written with a dictionary Redis does not hold are
-skipped as undecodable, and kept.`,
+skipped as undecodable, and kept. Keys under packcache:dict:, packcache's own
+dictionaries, are never rewritten.
+
+--count is the COUNT hint of each SCAN (default 500); --progress draws progress on
+stderr even when it is not a terminal.
+
+recompress writes, so it needs its server named: --addr (with --cluster, the seeds),
+--url, $PACKCACHE_ADDR or $PACKCACHE_URL. It never falls back to 127.0.0.1:6379, not
+even for --dry-run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error

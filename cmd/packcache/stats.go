@@ -30,6 +30,14 @@ decoding a sample of up to --sample values and scaling), Redis memory (MEMORY US
 the sample, scaled), the codec mix, the share stored plain, and the spread of the
 remaining TTLs. Without --prefix it groups keys by their leading segment up to ':'.
 
+Keys under packcache:dict: are packcache's own, zstd dictionaries published for the
+values written with them (FORMAT.md section 3.6): they are counted apart, as
+"dictionary" in the codec mix, never as plain values, and the sampled ones are checked
+as readers check them.
+
+--count is the COUNT hint of each SCAN (default 1000); --json prints the report as
+JSON; --progress draws progress on stderr even when it is not a terminal.
+
 It only reads: SCAN, STRLEN, GETRANGE, PTTL, GET, MEMORY USAGE and INFO.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -494,7 +502,7 @@ func printStats(w io.Writer, groups []*group) {
 			row("undecodable", "%d of %d sampled values (inspect them for the reason)", g.Undecodable, g.Sampled)
 		}
 		if g.BadDictionaries > 0 {
-			row("bad dictionaries", "%d sampled dictionary keys hold no dictionary readers accept under that name (inspect them for the reason)", g.BadDictionaries)
+			row("bad dictionaries", "%d of the sampled keys under %s hold no dictionary readers accept under that name (inspect them for the reason)", g.BadDictionaries, dictionaryKeyPrefix)
 		}
 		for _, n := range g.Notes {
 			row("note", "%s", n)
