@@ -263,7 +263,7 @@ func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Wri
 		values = append(values, v)
 	}
 	if len(values) == 0 {
-		return fmt.Errorf("none of the %d sampled values under %q could be decoded", len(g.values), o.prefix)
+		return fmt.Errorf("none of the %d sampled values under %q is a value to measure (%s)", len(g.values), o.prefix, notMeasuredList(notMeasured))
 	}
 	cands := candidates
 	var da *dictionaryAdvice
@@ -365,6 +365,18 @@ func whyNotMeasured(v sampled) string {
 		return "dictionary"
 	}
 	return "undecodable"
+}
+
+// notMeasuredList words the counts of values not measured, by reason:
+// "1 lease, 2 undecodable".
+func notMeasuredList(m map[string]int) string {
+	var why []string
+	for _, k := range []string{"lease", "tombstone", "dictionary", "undecodable"} {
+		if c := m[k]; c > 0 {
+			why = append(why, notMeasuredLabel(k, c))
+		}
+	}
+	return strings.Join(why, ", ")
 }
 
 // notMeasuredLabel words n values not measured for reason why.
@@ -816,14 +828,10 @@ func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
 	fmt.Fprintf(w, "  now: stored %s (%s), memory (est.) %s\n", bytesIEC(float64(rep.StoredNow)), strings.Join(mix, ", "), bytesIEC(rep.MemoryNow))
 	if len(rep.NotMeasured) > 0 {
 		var n int
-		var why []string
-		for _, k := range []string{"lease", "tombstone", "dictionary", "undecodable"} {
-			if c := rep.NotMeasured[k]; c > 0 {
-				n += c
-				why = append(why, notMeasuredLabel(k, c))
-			}
+		for _, c := range rep.NotMeasured {
+			n += c
 		}
-		fmt.Fprintf(w, "  %s not measured (%s); kept at their size in the projection\n", counted(int64(n), "sampled value"), strings.Join(why, ", "))
+		fmt.Fprintf(w, "  %s not measured (%s); kept at their size in the projection\n", counted(int64(n), "sampled value"), notMeasuredList(rep.NotMeasured))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
