@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -35,7 +36,43 @@ type connFlags struct {
 	maxValueSize   int
 }
 
-const defaultAddr = "127.0.0.1:6379"
+// defaultAddr is the server the commands that only read use when nothing
+// names one. It is a variable only so that tests can point it at a server
+// of their own.
+var defaultAddr = "127.0.0.1:6379"
+
+// The environment variables that name the server when no flag does: the
+// address (several, joined by commas, for cluster seeds or Sentinels, as
+// --addr repeated), or a URL, as --url.
+const (
+	envAddr = "PACKCACHE_ADDR"
+	envURL  = "PACKCACHE_URL"
+)
+
+// server fills in the addresses or URL from the environment when no flag
+// gives any, and says where the server comes from: "flags", the variable,
+// or "" when nothing names one and defaultAddr applies.
+func (f *connFlags) server() (string, error) {
+	if len(f.addrs) > 0 || f.url != "" {
+		return "flags", nil
+	}
+	u, a := strings.TrimSpace(os.Getenv(envURL)), strings.TrimSpace(os.Getenv(envAddr))
+	switch {
+	case u != "" && a != "":
+		return "", usagef("$%s and $%s are both set: unset one, or name the server with --addr or --url", envAddr, envURL)
+	case u != "":
+		f.url = u
+		return "$" + envURL, nil
+	case a != "":
+		for _, s := range strings.Split(a, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				f.addrs = append(f.addrs, s)
+			}
+		}
+		return "$" + envAddr, nil
+	}
+	return "", nil
+}
 
 // defaultMaxValueSize is the decoded-size limit, the same as the library's
 // (64 << 20).
@@ -43,8 +80,8 @@ const defaultMaxValueSize = 64 << 20
 
 func (f *connFlags) register(cmd *cobra.Command) {
 	fs := cmd.PersistentFlags()
-	fs.StringArrayVar(&f.addrs, "addr", nil, "Redis `host:port` (repeatable): the server, the cluster seeds with --cluster, or the sentinels with --sentinel-master (default "+defaultAddr+")")
-	fs.StringVar(&f.url, "url", "", "Redis `URL`, redis://[user:password@]host:port[/db][?options] or rediss:// for TLS (go-redis ParseURL; ParseClusterURL with --cluster, ParseFailoverURL with --sentinel-master)")
+	fs.StringArrayVar(&f.addrs, "addr", nil, "Redis `host:port` (repeatable): the server, the cluster seeds with --cluster, or the sentinels with --sentinel-master (default $"+envAddr+", joined by commas; without it or --url, inspect, stats and advise read "+defaultAddr+", and recompress and advise --publish refuse to run)")
+	fs.StringVar(&f.url, "url", "", "Redis `URL`, redis://[user:password@]host:port[/db][?options] or rediss:// for TLS (go-redis ParseURL; ParseClusterURL with --cluster, ParseFailoverURL with --sentinel-master) (default $"+envURL+")")
 	fs.BoolVar(&f.cluster, "cluster", false, "the addresses are seeds of a Redis Cluster; every master is scanned")
 	fs.StringVar(&f.sentinelMaster, "sentinel-master", "", "connect to the master the Sentinels at --addr know as `NAME`")
 	fs.StringVar(&f.sentinelUser, "sentinel-user", "", "ACL user for the Sentinels")
@@ -73,7 +110,19 @@ func (c *conn) Close() error { return c.rdb.Close() }
 
 // connect checks the flags, connects and pings. Flag mistakes are usage
 // errors; a Redis that does not answer is not.
-func (f *connFlags) connect(ctx context.Context) (*conn, error) {
+//
+// writer names what is about to write ("recompress", "advise --publish"),
+// or is "" for a command that only reads. A command that writes must be
+// told its server (a flag or the environment); one that only reads falls
+// back to defaultAddr, and says so on stderr.
+func (f *connFlags) connect(ctx context.Context, writer string, stderr io.Writer) (*conn, error) {
+	from, err := f.server()
+	if err != nil {
+		return nil, err
+	}
+	if from == "" && writer != "" {
+		return nil, usagef("%s writes, so it needs its server named: --addr host:port (with --cluster, the seeds), --url, $%s or $%s; it never falls back to %s", writer, envAddr, envURL, defaultAddr)
+	}
 	if f.maxValueSize <= 0 {
 		return nil, usagef("--max-value-size must be positive, not %d", f.maxValueSize)
 	}
@@ -99,6 +148,16 @@ func (f *connFlags) connect(ctx context.Context) (*conn, error) {
 	tlsConf, err := f.tlsConfig()
 	if err != nil {
 		return nil, err
+	}
+	// Which server, when no flag said: the default, or the environment's.
+	var note string
+	switch from {
+	case "":
+		note = fmt.Sprintf("packcache: reading %s, the default: no --addr, --url, $%s or $%s names a server\n", defaultAddr, envAddr, envURL)
+	case "$" + envAddr:
+		note = fmt.Sprintf("packcache: server from $%s: %s\n", envAddr, strings.Join(f.addrs, ", "))
+	case "$" + envURL:
+		note = fmt.Sprintf("packcache: server from $%s\n", envURL) // the URL may hold a password
 	}
 	c := &conn{limit: f.maxValueSize}
 	switch {
@@ -163,6 +222,7 @@ func (f *connFlags) connect(ctx context.Context) (*conn, error) {
 		o.ClientName = "packcache-cli"
 		c.rdb = redis.NewClient(o)
 	}
+	io.WriteString(stderr, note)
 	if err := c.check(ctx); err != nil {
 		c.Close()
 		return nil, err

@@ -31,10 +31,20 @@ the FORMAT.md rule behind it.
 The format does not record compression levels; inspect re-encodes the value with each
 level of its codec and says which, if any, reproduce the stored bytes.
 
-It exits 1 if any key is missing, is not a string, or cannot be decoded.`,
+A key under packcache:dict: is packcache's own: a zstd dictionary published for the
+values written with it (FORMAT.md section 3.6), not a cached value. inspect says so and
+checks it as readers do: its name is packcache:dict: and an id in 8 lower-case hex
+digits, and it holds a dictionary of at most 128 KiB whose bytes hash to that id.
+
+--raw prints the value as stored instead of the decoded JSON; --json prints a
+machine-readable report, a JSON array with one object per key (with --raw, each with
+the stored bytes in base64).
+
+It exits 1 if any key is missing, is not a string, cannot be decoded, or is a
+dictionary key readers would refuse.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, keys []string) error {
-			c, err := cf.connect(cmd.Context())
+			c, err := cf.connect(cmd.Context(), "", cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -54,7 +64,7 @@ type keyReport struct {
 	Exists      bool     `json:"exists"`
 	Type        string   `json:"type"`
 	Header      string   `json:"header,omitempty"` // the first byte, "0x04"
-	Kind        string   `json:"kind,omitempty"`   // plain, none, lz4, snappy, zstd, gzip, tombstone, lease, user 0x.., unknown 0x.., empty
+	Kind        string   `json:"kind,omitempty"`   // plain, none, lz4, snappy, zstd, gzip, tombstone, lease, user 0x.., unknown 0x.., empty, dictionary
 	Meaning     string   `json:"meaning,omitempty"`
 	Level       string   `json:"level,omitempty"`
 	Stored      int      `json:"stored_bytes"`
@@ -63,9 +73,10 @@ type keyReport struct {
 	TTLMillis   int64    `json:"ttl_ms"`          // -1: no expiry, -2: no such key
 	MemoryUsage int64    `json:"memory_usage_bytes,omitempty"`
 	LeaseToken  string   `json:"lease_token,omitempty"`
-	Dictionary  string   `json:"dictionary,omitempty"` // the zstd dictionary a 0x05 value names: its key in Redis, and what it holds
+	Dictionary  string   `json:"dictionary,omitempty"` // the zstd dictionary a 0x05 value names: its key in Redis, and what it holds; for a dictionary's own key, what readers make of it
 	Error       string   `json:"error,omitempty"`
 	FormatNote  string   `json:"format_note,omitempty"`
+	Notes       []string `json:"notes,omitempty"`
 
 	Value       json.RawMessage `json:"value,omitempty"`        // the decoded JSON
 	ValueBase64 []byte          `json:"value_base64,omitempty"` // a decoded value that is not JSON
@@ -170,14 +181,19 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 		return nil, fmt.Errorf("GET %s: %w", key, err)
 	}
 	r.stored, r.Stored, r.MemoryUsage = v, len(v), mem.Val()
-	k := classify(v, len(v))
+	k := classifyKey(key, v, len(v))
 	var b byte
 	if len(v) > 0 {
 		b = v[0]
-		r.Header = fmt.Sprintf("0x%02x", b)
+		if k != kindDictionary { // a dictionary's first byte is its magic's, not a header
+			r.Header = fmt.Sprintf("0x%02x", b)
+		}
 	}
 	r.Kind, r.Meaning = mixLabel(k, b), meaning(k, b)
 	switch k {
+	case kindDictionary:
+		inspectDictionary(r, key, v)
+		return r, nil
 	case kindTombstone:
 		return r, nil
 	case kindLease:
@@ -217,6 +233,31 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 		r.ValueBase64 = decoded
 	}
 	return r, nil
+}
+
+// inspectDictionary reports on a key under packcache:dict:, v its value,
+// as a reader fetching it would judge it (FORMAT.md section 3.6).
+func inspectDictionary(r *keyReport, key string, v []byte) {
+	c := checkDictionary(key, v)
+	if c.err != nil {
+		r.failed = true
+		r.Error = c.err.Error()
+		r.FormatNote = `FORMAT.md section 3.6: a dictionary is published "under the key packcache:dict:<id as 8 lower-case hex digits>" with no expiry; "A reader meeting an id it does not have fetches that key once, computes the id of what it got and uses it only if it is the id it looked for; it refuses one over 128 KiB." ` +
+			`"Missing or not verified, the value is an unknown dictionary: kept, never deleted, and reported naming the id." Values naming this id cannot be read until a writer publishes the dictionary again.`
+		if c.d != nil {
+			r.Dictionary = fmt.Sprintf("holds dictionary %08x, %s", c.d.ID(), counted(int64(len(v)), "byte"))
+		}
+		return
+	}
+	s := fmt.Sprintf("id %08x, verified as readers verify it: its bytes hash to the id its key names; %s (at most %s)",
+		c.id, counted(int64(len(v)), "byte"), count(codec.MaxDictionarySize))
+	if c.field != c.id {
+		s += fmt.Sprintf("; its Dictionary_ID field holds %08x, which readers replace with the id, as zstd --train writes its own", c.field)
+	}
+	r.Dictionary = s
+	if r.TTLMillis >= 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("it expires in %s: FORMAT.md section 3.6 publishes dictionaries with no expiry, and the values that name %08x cannot be read once it is gone (a packcache writer still writing with it publishes it again)", ttlString(r.TTLMillis), c.id))
+	}
 }
 
 // maxReencode bounds the values inspect re-encodes to find their level.
@@ -296,9 +337,12 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 		return
 	}
 	row("type", "string")
-	if r.Header != "" {
+	switch {
+	case r.Kind == "dictionary":
+		row("key", "%s", r.Meaning)
+	case r.Header != "":
 		row("header", "%s %s", r.Header, r.Meaning)
-	} else {
+	default:
 		row("header", "%s", r.Meaning)
 	}
 	if r.Level != "" {
@@ -324,6 +368,9 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 		row("error", "%s", r.Error)
 		row("format", "%s", r.FormatNote)
 	}
+	for _, n := range r.Notes {
+		row("note", "%s", n)
+	}
 	tw.Flush()
 	switch {
 	case raw:
@@ -338,5 +385,9 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 		fmt.Fprintln(w)
 	case r.ValueBase64 != nil:
 		fmt.Fprintf(w, "  value: %d bytes that are not JSON; --raw prints the value as stored\n", len(r.ValueBase64))
+	case r.Kind == "dictionary" && r.Error != "":
+		fmt.Fprintf(w, "  value: %s that readers do not take for the dictionary the key names; --raw prints them\n", counted(int64(r.Stored), "byte"))
+	case r.Kind == "dictionary":
+		fmt.Fprintf(w, "  value: the dictionary's %s, not JSON; --raw prints them (zstd -D reads them, FORMAT.md section 3.6)\n", counted(int64(r.Stored), "byte"))
 	}
 }

@@ -16,7 +16,9 @@
 // inspect, stats and advise only read, but for advise --train --publish,
 // which stores the dictionary it trained. recompress writes, and only with
 // a compare-and-set that leaves alone any value that changed after it was
-// read. Values written with a zstd dictionary are read with the dictionary
+// read. The two that write need the server named (--addr, --url,
+// $PACKCACHE_ADDR or $PACKCACHE_URL); the others default to
+// 127.0.0.1:6379 and say so. Values written with a zstd dictionary are read with the dictionary
 // Redis holds for them (FORMAT.md section 3.6). docs/packcache.md at the root of the repository has examples with
 // real output.
 package main
@@ -112,13 +114,20 @@ rewrites a prefix's values under a new policy.
 
 Connection flags go before the subcommand:
 
-  packcache --addr 127.0.0.1:6379 stats
+  packcache --addr 10.0.0.5:6379 stats
   packcache --cluster --addr 10.0.0.1:7000 --addr 10.0.0.2:7000 stats --prefix channel:
   packcache --sentinel-master mymaster --addr 10.0.0.1:26379 inspect channel:42
   packcache --url rediss://user@redis.example:6380/0 --cacert ca.pem advise --prefix report:
 
+The server is the one --addr or --url names or, without either, $PACKCACHE_ADDR
+(host:port, several joined by commas) or $PACKCACHE_URL.
+
 inspect, stats and advise only read (SCAN, GET, GETRANGE, STRLEN, PTTL, TYPE, INFO,
-MEMORY USAGE). recompress writes through a compare-and-set script.`,
+MEMORY USAGE); with no server named they read 127.0.0.1:6379 and say so on stderr.
+Two commands write, and refuse to run until the server is named: recompress, through a
+compare-and-set script (and, with --dictionary, the dictionary's key), and
+advise --train --publish, which stores the dictionary it trained under
+packcache:dict:ID.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

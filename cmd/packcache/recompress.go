@@ -54,7 +54,15 @@ default 1).
 section 3.6); --codec may then be left out, and --compress-above defaults to 64. A
 dictionary from a file is first published under packcache:dict:ID, where every reader
 finds it, unless --dry-run. Values written with a dictionary Redis does not hold are
-skipped as undecodable, and kept.`,
+skipped as undecodable, and kept. Keys under packcache:dict:, packcache's own
+dictionaries, are never rewritten.
+
+--count is the COUNT hint of each SCAN (default 500); --progress draws progress on
+stderr even when it is not a terminal.
+
+recompress writes, so it needs its server named: --addr (with --cluster, the seeds),
+--url, $PACKCACHE_ADDR or $PACKCACHE_URL. It never falls back to 127.0.0.1:6379, not
+even for --dry-run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -87,7 +95,7 @@ skipped as undecodable, and kept.`,
 			if o.count <= 0 {
 				return usagef("--count must be positive")
 			}
-			c, err := cf.connect(cmd.Context())
+			c, err := cf.connect(cmd.Context(), "recompress", cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -163,18 +171,19 @@ var testHookAfterRead func(keys []string)
 
 // tally is what recompress did, key by key.
 type tally struct {
-	examined    int64 // string values read
-	rewritten   int64 // written back (or, with --dry-run, would be)
-	unchanged   int64 // already stored as the policy stores them
-	changed     int64 // replaced by a writer between read and write: left alone
-	gone        int64 // deleted or expired before they could be read or written
-	notStrings  int64
-	tombstones  int64
-	leases      int64
-	empty       int64
-	undecodable int64
-	before      int64 // stored bytes of the values read
-	after       int64 // the same after rewriting
+	examined     int64 // string values read
+	rewritten    int64 // written back (or, with --dry-run, would be)
+	unchanged    int64 // already stored as the policy stores them
+	changed      int64 // replaced by a writer between read and write: left alone
+	gone         int64 // deleted or expired before they could be read or written
+	notStrings   int64
+	tombstones   int64
+	leases       int64
+	empty        int64
+	undecodable  int64
+	dictionaries int64 // keys of packcache's own, packcache:dict:<id>: never rewritten
+	before       int64 // stored bytes of the values read
+	after        int64 // the same after rewriting
 }
 
 type recompressor struct {
@@ -368,7 +377,13 @@ func (r *recompressor) batch(ctx context.Context, keys []string) error {
 		t.examined++
 		t.before += int64(len(v))
 		t.after += int64(len(v))
-		switch classify(v, len(v)) {
+		switch classifyKey(k, v, len(v)) {
+		case kindDictionary:
+			// packcache's own key: rewritten, it would no longer be
+			// the dictionary readers fetch, and every value written
+			// with it would be unreadable.
+			t.dictionaries++
+			continue
 		case kindTombstone:
 			t.tombstones++
 			continue
@@ -496,6 +511,7 @@ func (t *tally) add(u tally) {
 	t.leases += u.leases
 	t.empty += u.empty
 	t.undecodable += u.undecodable
+	t.dictionaries += u.dictionaries
 	t.before += u.before
 	t.after += u.after
 }
@@ -519,8 +535,15 @@ func (r *recompressor) report(took time.Duration) {
 	if !r.o.dryRun {
 		row("changed meanwhile", "%s (a writer replaced them after they were read; left as written)", count(t.changed))
 	}
-	row("skipped", "%s undecodable, %s leases, %s tombstones, %s not strings, %s empty, %s gone",
-		count(t.undecodable), count(t.leases), count(t.tombstones), count(t.notStrings), count(t.empty), count(t.gone))
+	dicts := ""
+	if t.dictionaries > 0 {
+		dicts = fmt.Sprintf(", %s dictionaries (packcache's own keys, never rewritten)", count(t.dictionaries))
+		if t.dictionaries == 1 {
+			dicts = ", 1 dictionary (packcache's own key, never rewritten)"
+		}
+	}
+	row("skipped", "%s undecodable, %s leases, %s tombstones, %s not strings, %s empty, %s gone%s",
+		count(t.undecodable), count(t.leases), count(t.tombstones), count(t.notStrings), count(t.empty), count(t.gone), dicts)
 	after := "after"
 	if r.o.dryRun {
 		after = "after (projected)"

@@ -30,13 +30,21 @@ decoding a sample of up to --sample values and scaling), Redis memory (MEMORY US
 the sample, scaled), the codec mix, the share stored plain, and the spread of the
 remaining TTLs. Without --prefix it groups keys by their leading segment up to ':'.
 
+Keys under packcache:dict: are packcache's own, zstd dictionaries published for the
+values written with them (FORMAT.md section 3.6): they are counted apart, as
+"dictionary" in the codec mix, never as plain values, and the sampled ones are checked
+as readers check them.
+
+--count is the COUNT hint of each SCAN (default 1000); --json prints the report as
+JSON; --progress draws progress on stderr even when it is not a terminal.
+
 It only reads: SCAN, STRLEN, GETRANGE, PTTL, GET, MEMORY USAGE and INFO.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.sample < 0 || o.count <= 0 {
 				return usagef("--sample must be 0 or more and --count positive")
 			}
-			c, err := cf.connect(cmd.Context())
+			c, err := cf.connect(cmd.Context(), "", cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -81,19 +89,24 @@ const (
 
 // group is what stats reports for one prefix, and its --json form.
 type group struct {
-	Prefix      string     `json:"prefix"`
-	Keys        int64      `json:"keys"`        // string keys
-	NotStrings  int64      `json:"not_strings"` // keys of other types, skipped
-	Stored      int64      `json:"stored_bytes"`
-	DecodedEst  int64      `json:"decoded_bytes_est"`
-	MemoryEst   int64      `json:"memory_bytes_est"`
-	Sampled     int        `json:"sampled"`
-	Undecodable int        `json:"undecodable_in_sample"`
-	Mix         []mixEntry `json:"codec_mix"`
-	PlainKeys   int64      `json:"plain_keys"` // stored uncompressed: plain or 01 none
-	PlainBytes  int64      `json:"plain_bytes"`
-	TTL         ttlSpread  `json:"ttl"`
-	Notes       []string   `json:"notes,omitempty"`
+	Prefix      string `json:"prefix"`
+	Keys        int64  `json:"keys"`        // string keys
+	NotStrings  int64  `json:"not_strings"` // keys of other types, skipped
+	Stored      int64  `json:"stored_bytes"`
+	DecodedEst  int64  `json:"decoded_bytes_est"`
+	MemoryEst   int64  `json:"memory_bytes_est"`
+	Sampled     int    `json:"sampled"`
+	Undecodable int    `json:"undecodable_in_sample"`
+	// Dictionaries counts the keys of packcache's own, zstd dictionaries
+	// (packcache:dict:<id>): not cached values, so neither plain nor
+	// compressed, and never decoded.
+	Dictionaries    int64      `json:"dictionaries"`
+	BadDictionaries int        `json:"bad_dictionaries_in_sample"` // sampled dictionary keys readers would refuse
+	Mix             []mixEntry `json:"codec_mix"`
+	PlainKeys       int64      `json:"plain_keys"` // stored uncompressed: plain or 01 none
+	PlainBytes      int64      `json:"plain_bytes"`
+	TTL             ttlSpread  `json:"ttl"`
+	Notes           []string   `json:"notes,omitempty"`
 
 	mix     map[string]*mixEntry
 	ttls    []int64
@@ -256,7 +269,10 @@ func pttlMillis(cmd *redis.DurationCmd) int64 {
 func (g *group) add(key string, strlen int64, head []byte, ttl int64, sampleSize int, rng *rand.Rand) {
 	g.Keys++
 	g.Stored += strlen
-	k := classify(head, int(strlen))
+	k := classifyKey(key, head, int(strlen))
+	if k == kindDictionary {
+		g.Dictionaries++
+	}
 	var b byte
 	if len(head) > 0 {
 		b = head[0]
@@ -331,7 +347,7 @@ func sampleValues(ctx context.Context, c *conn, g *group) error {
 			case err != nil:
 				return fmt.Errorf("GET %s: %w", s.key, err)
 			}
-			sv := sampled{key: s.key, stored: v, kind: classify(v, len(v)), mem: mems[i].Val(), pttl: pttlMillis(pttls[i])}
+			sv := sampled{key: s.key, stored: v, kind: classifyKey(s.key, v, len(v)), mem: mems[i].Val(), pttl: pttlMillis(pttls[i])}
 			if mems[i].Err() != nil {
 				// MEMORY USAGE may be renamed or denied (managed
 				// Redis): model the value's allocation and the
@@ -339,7 +355,12 @@ func sampleValues(ctx context.Context, c *conn, g *group) error {
 				sv.mem = redisAlloc(len(v)) + redisAlloc(len(s.key)) + 40
 				g.memModelled = true
 			}
-			if sv.kind != kindTombstone && sv.kind != kindLease {
+			switch sv.kind {
+			case kindTombstone, kindLease:
+			case kindDictionary:
+				// Not a value: checked as readers check it.
+				sv.err = checkDictionary(s.key, v).err
+			default:
 				sv.decoded, _, sv.err = c.decode(ctx, v)
 				if sv.err != nil {
 					sv.decoded = nil
@@ -381,7 +402,10 @@ func (g *group) finish() {
 			memN++
 		}
 		if v.decoded == nil {
-			if v.err != nil {
+			switch {
+			case v.err != nil && v.kind == kindDictionary:
+				g.BadDictionaries++
+			case v.err != nil:
 				g.Undecodable++
 			}
 			continue
@@ -411,7 +435,7 @@ func (g *group) finish() {
 			g.DecodedEst += m.Bytes
 		case "none":
 			g.DecodedEst += m.Bytes - m.Keys
-		case "tombstone", "lease", "empty":
+		case "tombstone", "lease", "empty", "dictionary":
 		default:
 			s := byLabel[m.Codec]
 			if s == nil || s.stored == 0 {
@@ -449,6 +473,9 @@ func printStats(w io.Writer, groups []*group) {
 		if g.NotStrings > 0 {
 			row("not strings", "%s of other types, skipped", counted(g.NotStrings, "key"))
 		}
+		if g.Dictionaries > 0 {
+			row("dictionaries", "%s: zstd dictionaries of packcache's own (%s<id>, FORMAT.md section 3.6), published for the values written with them; not cached values, never decoded", counted(g.Dictionaries, "key"), dictionaryKeyPrefix)
+		}
 		row("stored", "%s (%s bytes)", bytesIEC(float64(g.Stored)), count(g.Stored))
 		if g.Stored > 0 && g.DecodedEst > 0 {
 			row("decoded (est.)", "%s, stored/decoded %.3f, from %d sampled values", bytesIEC(float64(g.DecodedEst)), float64(g.Stored)/float64(g.DecodedEst), g.Sampled)
@@ -473,6 +500,9 @@ func printStats(w io.Writer, groups []*group) {
 		row("no expiry", "%s", counted(t.WithoutExpiry, "key"))
 		if g.Undecodable > 0 {
 			row("undecodable", "%d of %d sampled values (inspect them for the reason)", g.Undecodable, g.Sampled)
+		}
+		if g.BadDictionaries > 0 {
+			row("bad dictionaries", "%d of the sampled keys under %s hold no dictionary readers accept under that name (inspect them for the reason)", g.BadDictionaries, dictionaryKeyPrefix)
 		}
 		for _, n := range g.Notes {
 			row("note", "%s", n)

@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/packcache/packcache/codec"
 )
@@ -12,20 +14,22 @@ import (
 type kind int
 
 const (
-	kindEmpty     kind = iota // the empty value: decodes to itself
-	kindPlain                 // not framed: JSON stored verbatim
-	kindFramed                // a built-in codec: 01 none, 02 lz4, 03 snappy, 04 zstd
-	kindGzip                  // 1F 8B: a gzip stream, read only
-	kindTombstone             // the one-byte value 0E: "not found", remembered
-	kindLease                 // 0C and a token: a load is in progress (never data, never an error)
-	kindUser                  // 10-1E: a user codec, which this command does not have
-	kindUnknown               // a reserved or unassigned header byte
+	kindEmpty      kind = iota // the empty value: decodes to itself
+	kindPlain                  // not framed: JSON stored verbatim
+	kindFramed                 // a built-in codec: 01 none, 02 lz4, 03 snappy, 04 zstd
+	kindGzip                   // 1F 8B: a gzip stream, read only
+	kindTombstone              // the one-byte value 0E: "not found", remembered
+	kindLease                  // 0C and a token: a load is in progress (never data, never an error)
+	kindUser                   // 10-1E: a user codec, which this command does not have
+	kindUnknown                // a reserved or unassigned header byte
+	kindDictionary             // a key of packcache's own: a zstd dictionary, packcache:dict:<id> (FORMAT.md section 3.6)
 )
 
 // classify judges a value from its first two bytes (head, or fewer if the
-// value is shorter) and its length n. It is the one place the command
+// value is shorter) and its length n. With classifyKey, which knows the
+// keys of packcache's own (format.go), it is the one place the command
 // decides what a stored value means: inspect, stats, advise and recompress
-// all call it.
+// all call classifyKey.
 //
 // A lease is what packcache stores while a read-through load is in
 // progress: codec.HeaderLease (0C) and an opaque token. codec.DecodeValue
@@ -57,6 +61,57 @@ func classify(head []byte, n int) kind {
 	return kindUnknown
 }
 
+// dictionaryKeyPrefix begins the key of every published zstd dictionary,
+// packcache:dict:<id> (FORMAT.md section 3.6).
+var dictionaryKeyPrefix = strings.TrimSuffix(codec.DictionaryKey(0), "00000000")
+
+// classifyKey is classify for the value of key: a key of packcache's own,
+// a published dictionary, is not a cached value whatever its bytes (a
+// dictionary begins 37 A4 30 EC, which classify alone would call plain).
+func classifyKey(key string, head []byte, n int) kind {
+	if strings.HasPrefix(key, dictionaryKeyPrefix) {
+		return kindDictionary
+	}
+	return classify(head, n)
+}
+
+// dictionaryCheck is what a reader of the format makes of a key under
+// packcache:dict:, checked as FORMAT.md section 3.6 has readers check it.
+type dictionaryCheck struct {
+	id    uint32            // the id the key's name gives; 0 if it gives none
+	d     *codec.Dictionary // what the key holds, parsed; nil if it is not a dictionary
+	field uint32            // the Dictionary_ID field of the bytes stored (bytes 4-7)
+	err   error             // why readers looking for id refuse it; nil if they use it
+}
+
+// checkDictionary checks v, the value of key, a key under packcache:dict:,
+// as a reader fetching it would (dict.go's fetchDictionary): the name must
+// be the id in 8 lower-case hex digits, the value a dictionary of at most
+// codec.MaxDictionarySize bytes whose id is that id.
+func checkDictionary(key string, v []byte) dictionaryCheck {
+	var c dictionaryCheck
+	if len(v) >= 8 {
+		c.field = uint32(v[4]) | uint32(v[5])<<8 | uint32(v[6])<<16 | uint32(v[7])<<24
+	}
+	name := strings.TrimPrefix(key, dictionaryKeyPrefix)
+	if n, err := strconv.ParseUint(name, 16, 32); err == nil && codec.DictionaryKey(uint32(n)) == key {
+		c.id = uint32(n)
+	}
+	d, err := codec.ParseDictionary(v)
+	if err == nil {
+		c.d = d
+	}
+	switch {
+	case c.id == 0:
+		c.err = fmt.Errorf("no reader looks this key up: a dictionary's key is %s and its id in 8 lower-case hex digits", dictionaryKeyPrefix)
+	case err != nil:
+		c.err = fmt.Errorf("not a zstd dictionary readers accept: %w", err)
+	case d.ID() != c.id:
+		c.err = fmt.Errorf("holds dictionary %08x, not %08x as its name says: readers looking for %08x refuse it", d.ID(), c.id, c.id)
+	}
+	return c
+}
+
 // compressed reports whether values of kind k with first byte b are stored
 // compressed (as opposed to plain, 01 none, or not values at all).
 func compressed(k kind, b byte) bool {
@@ -64,7 +119,8 @@ func compressed(k kind, b byte) bool {
 }
 
 // mixLabel names a value's storage in a codec mix: plain, none, lz4,
-// snappy, zstd, gzip, tombstone, lease, user 0x12, unknown 0x06, empty.
+// snappy, zstd, gzip, tombstone, lease, user 0x12, unknown 0x06, empty,
+// dictionary.
 func mixLabel(k kind, b byte) string {
 	switch k {
 	case kindEmpty:
@@ -81,6 +137,8 @@ func mixLabel(k kind, b byte) string {
 		return fmt.Sprintf("user 0x%02x", b)
 	case kindUnknown:
 		return fmt.Sprintf("unknown 0x%02x", b)
+	case kindDictionary:
+		return "dictionary"
 	}
 	c, _ := codec.Lookup(b)
 	return c.Name()
@@ -103,6 +161,8 @@ func meaning(k kind, b byte) string {
 		return fmt.Sprintf("user codec 0x%02x (FORMAT.md section 6), not registered in this command", b)
 	case kindUnknown:
 		return fmt.Sprintf("unknown header byte 0x%02x", b)
+	case kindDictionary:
+		return "zstd dictionary: a key of packcache's own, not a cached value; values stored with header 0x05 that name its id are read with it (FORMAT.md section 3.6)"
 	}
 	switch b {
 	case codec.HeaderNone:
