@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"time"
 
@@ -499,40 +500,14 @@ func (p Policy) check() error {
 	return nil
 }
 
-// merge fills p's zero fields from base.
+// merge fills p's zero fields from base: the rule "zero inherits", for
+// every field, the Policy's documented rule read as code.
 func (p Policy) merge(base Policy) Policy {
-	if p.Codec == nil {
-		p.Codec = base.Codec
-	}
-	if p.CompressAbove == 0 {
-		p.CompressAbove = base.CompressAbove
-	}
-	if p.MinSaving == 0 {
-		p.MinSaving = base.MinSaving
-	}
-	if p.TTL == 0 {
-		p.TTL = base.TTL
-	}
-	if p.TTLJitter == 0 {
-		p.TTLJitter = base.TTLJitter
-	}
-	if p.Loader == nil {
-		p.Loader = base.Loader
-	}
-	if p.NegativeTTL == 0 {
-		p.NegativeTTL = base.NegativeTTL
-	}
-	if p.RefreshAfter == 0 {
-		p.RefreshAfter = base.RefreshAfter
-	}
-	if p.StaleFor == 0 {
-		p.StaleFor = base.StaleFor
-	}
-	if p.Local.zero() {
-		p.Local = base.Local
-	}
-	if p.Dictionary == nil {
-		p.Dictionary = base.Dictionary
+	own, from := reflect.ValueOf(&p).Elem(), reflect.ValueOf(base)
+	for i := range own.NumField() {
+		if f := own.Field(i); f.IsZero() {
+			f.Set(from.Field(i))
+		}
 	}
 	return p
 }
