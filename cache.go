@@ -216,10 +216,11 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 // groups; InvalidateGroups deletes the group's key. Group names share
 // one namespace per Redis database, across caches and applications.
 //
-// WARNING: a Get of another process that shares a read or load of its
-// own begun before the call (see WithShareWindow) may get that value,
-// as after a Delete; and a value stored by a Set that runs concurrently
-// with the call may be invalidated with the others.
+// WARNING: as after a Delete, a Get of another process may share a read
+// of its own begun up to its share window before it (WithShareWindow, 10
+// ms by default), or a load of its own begun before the call, and get
+// that value. And a value stored by a Set that runs concurrently with
+// the call may be invalidated with the others.
 func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error {
 	return c.core.invalidateGroups(ctx, groups)
 }
