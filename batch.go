@@ -42,6 +42,7 @@ func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 			}
 		}
 	}
+	c.checkGroups(ctx, out)
 	return out
 }
 
@@ -192,6 +193,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 	}
 	var errs []error
 	keys := make([]string, 0, len(items))
+	ttls := make([]time.Duration, 0, len(items))
 	encs := make([]encoded, 0, len(items))
 	defer func() {
 		for i := range encs {
@@ -207,21 +209,31 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 		e.detach()
 		keys = append(keys, k)
 		encs = append(encs, e)
+		p := c.policy(k)
+		ttl := p.ttl
+		if so.ttlSet {
+			ttl = so.ttl
+		}
+		ttls = append(ttls, c.expiry(p, ttl))
 	}
 	defer func() { c.changed(written, keys...) }()
 	stored := make([][]byte, len(encs))
 	for i := range encs {
 		stored[i] = encs[i].stored
 	}
+	serr := c.groupStoredMany(ctx, keys, so, stored, ttls)
 	w := owed.Write{Op: "set", Keys: keys, Stored: stored, TTL: so.ttl}
 	for i, err := range c.owed.Write(ctx, &w, func() []error {
-		return c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
-			p := c.policy(keys[i])
-			ttl := p.ttl
-			if so.ttlSet {
-				ttl = so.ttl
+		if serr != nil {
+			// The groups' records could not be readied: nothing written.
+			out := make([]error, len(keys))
+			for i := range out {
+				out[i] = serr
 			}
-			return pipe.Set(ctx, keys[i], stored[i], redisTTL(c.expiry(p, ttl)))
+			return out
+		}
+		return c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+			return pipe.Set(ctx, keys[i], stored[i], redisTTL(ttls[i]))
 		})
 	}) {
 		if err != nil {

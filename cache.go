@@ -186,6 +186,45 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 	return c.core.remove(ctx, keys...)
 }
 
+// InvalidateGroups invalidates every value stored in any of groups (see
+// InGroups) before the call began, in one round trip whatever the
+// groups' sizes: no key is read, listed or scanned. Values stored in the
+// groups afterwards are served as usual.
+//
+// Once it returns, no Get, GetMany, GetOrLoad, GetOrLoadMany or Serve
+// that starts afterwards, in any process, returns a value that was
+// stored in one of the groups before the call began: the near caches of
+// this process drop those values at once, another process's within its
+// LocalCache.MaxLag, and a read from Redis checks the value's groups (a
+// grouped value costs such a read one more command, an MGET on the node
+// that holds the groups' records: docs/groups.md). A value so
+// invalidated is a miss: a read-through Get loads the key again and
+// stores over it, unless it changed meanwhile. A load that began before
+// the call stores nothing that a later Get serves, even when its loader
+// names its groups only afterwards (StoreWith), and no call of this
+// process that starts afterwards joins it.
+//
+// It fails like Delete: on a Redis failure the error matches ErrPending
+// (and ErrRedis) and the cache retries the invalidation until it lands;
+// meanwhile this process treats the groups' values as it treats a key
+// whose invalidation is owed. An error that does not match ErrPending
+// means the invalidation may not have been applied.
+//
+// Redis keeps, per group, one small key from the first write into the
+// group until the last value written into it since would have expired
+// (forever, once a value without expiry was), and one counter for all
+// groups; InvalidateGroups deletes the group's key. Group names share
+// one namespace per Redis database, across caches and applications.
+//
+// WARNING: as after a Delete, a Get of another process may share a read
+// of its own begun up to its share window before it (WithShareWindow, 10
+// ms by default), or a load of its own begun before the call, and get
+// that value. And a value stored by a Set that runs concurrently with
+// the call may be invalidated with the others.
+func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error {
+	return c.core.invalidateGroups(ctx, groups)
+}
+
 // Serve writes the value of key as the response to r: read through as Get
 // reads it (the loader, coalescing, the near cache, StaleFor and
 // RefreshAfter all apply, and the read counts in Stats as a Get), under

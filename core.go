@@ -51,6 +51,8 @@ type cache struct {
 	loads   registry              // loads, shared by the reads that found the same state
 	leases  leaseBook             // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
+	groups groupState // groups in use (groups.go)
+
 	life  life
 	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
 	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)

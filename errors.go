@@ -84,6 +84,10 @@ var (
 	// returned at once instead.
 	ErrReentrantLoad = errors.New("packcache: loader called the cache for the key it is loading")
 
+	// ErrNotLoading reports a StoreWith whose context is not that of a
+	// load of its key still running: it changed nothing.
+	ErrNotLoading = errors.New("packcache: StoreWith outside a load of the key")
+
 	// ErrNilValue reports a loader that returned a nil pointer and no
 	// error for a Cache of a pointer type. A nil pointer would be stored as
 	// JSON null and returned as nil to every later caller; a loader says

@@ -85,6 +85,17 @@ func FuzzGet(f *testing.F) {
 			}
 			return
 		}
+		// An envelope (FORMAT.md section 2.4) holds a value and its groups:
+		// a value whose groups are not current (here: never made) is a
+		// miss.
+		if _, _, perr := codec.ParseEnvelope(value); perr == nil {
+			for _, err := range []error{errB, errC} {
+				if err != nil && !errors.Is(err, packcache.ErrMiss) && kindOf(err) == nil {
+					t.Fatalf("envelope: %v, want a miss, a value or a typed error", err)
+				}
+			}
+			return
+		}
 		for _, err := range []error{errB, errC} {
 			if err == nil {
 				continue

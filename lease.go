@@ -494,6 +494,7 @@ type pendingWrite struct {
 	stored []byte
 	ttl    time.Duration
 	enc    encoded
+	so     setOptions // what the loader chose for it (StoreWith)
 }
 
 // errSuperseded is a guarded write refused because the key was written

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -96,6 +97,11 @@ type loading struct {
 	cache  any
 	keys   []string
 	parent *loading
+
+	// What StoreWith set for the keys, until the loader returned.
+	mu    sync.Mutex
+	opts  map[string]setOptions
+	ended bool
 }
 
 type loadingKey struct{}
@@ -370,10 +376,17 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	}
 	stop := l.keep(ctx)
 	defer stop()
+	// The group sequence, before the loader reads the source: a value it
+	// puts in groups is stored only with it (groups.go).
+	seq, seqErr := uint64(0), errNoGroupSeq
+	if c.groups.used.Load() {
+		seq, seqErr = c.groupSeq(ctx, keys[0])
+	}
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := protect(ctx, fn, keys, callLoadFunc)
+	opts := loadingOf(ctx).storeOptions()
 	stop()
 	p0 := l.jobs[loading[0]].p
 	if !live() || ctx.Err() != nil {
@@ -419,10 +432,15 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		}
 		inc(&p.stats.Loads)
 		j.loaded = true
+		so := opts[j.key] // what the loader chose with StoreWith
 		if !ok {
 			j.err = ErrNotFound
-			if j.g.kind != guardNone && p.negativeTTL > 0 && !noStore {
-				writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: []byte{tombstone}, ttl: p.negativeTTL})
+			nttl := p.negativeTTL
+			if so.ttlSet {
+				nttl = so.ttl
+			}
+			if j.g.kind != guardNone && nttl != 0 && !noStore {
+				writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: []byte{tombstone}, ttl: nttl, so: so})
 			}
 			continue
 		}
@@ -454,9 +472,14 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		j.res, j.err = r, nil
 		if e.stored != nil {
 			e.detach()
-			writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: e.stored, ttl: c.expiry(p, p.ttl), enc: e})
+			ttl := p.ttl
+			if so.ttlSet {
+				ttl = so.ttl
+			}
+			writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
 		}
 	}
+	writes = l.envelop(sctx, writes, seq, seqErr)
 	for i, err := range c.storeGuarded(sctx, writes) {
 		w := writes[i]
 		switch {
@@ -671,7 +694,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 		j.res, j.err = jd.r, nil
 	case vTombstone:
 		j.res, j.err = result{}, ErrNotFound
-	case vStale, vUndecodable:
+	case vStale, vUndecodable, vInvalid:
 		j.g, j.load = digestGuard(jd), true
 	case vUnavailable:
 		l.c.report(ctx, j.key, jd.err)
@@ -733,6 +756,11 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 		}
 	}
 	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
+	rps := make([]reply, len(idx))
+	for n := range idx {
+		rps[n] = reply{s: held[n], left: -1, err: errs[n]}
+	}
+	c.checkGroups(ctx, rps)
 	for n, i := range idx {
 		j := &l.jobs[i]
 		j.own = false
@@ -750,7 +778,7 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 			}
 		default:
 			j.seen = ""
-			l.decide(ctx, i, c.judge(j.key, j.p, reply{s: held[n], left: -1}, true), nil)
+			l.decide(ctx, i, c.judge(j.key, j.p, rps[n], true), nil)
 		}
 	}
 }

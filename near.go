@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -138,6 +139,9 @@ type nearEntry struct {
 	data   []byte        // the serialized value, when each caller decodes its own
 	edge   *httpenc.Edge // what Serve keeps, once the near cache is edged
 	weight uint32
+	// groups are the marks of a grouped value's groups: the entry is
+	// served only while they hold (see groupTickets).
+	groups groupTickets
 	// expires is when the entry ends, in nanoseconds since the gate's
 	// epoch on the monotonic clock (see get): given as a time, not a
 	// duration from when the entry is set, so that it ends then however
@@ -180,14 +184,20 @@ func (n *near) get(key string) (nearEntry, bool) {
 	if !ok || now >= e.expires {
 		return nearEntry{}, false
 	}
+	if e.groups.stripes != nil && !n.marks.groupsValid(e.groups) {
+		// A group of the value was invalidated.
+		n.entries.Invalidate(key)
+		return nearEntry{}, false
+	}
 	return e, true
 }
 
 // put keeps r as key's value if nothing invalidated key since ticket was
-// taken (before the read that produced r was sent). size is the value's
-// serialized length; until, if not zero, is when the entry must end.
-func (n *near) put(key string, t ticket, r result, size int, until time.Time) {
-	if !n.gate.Admits(key) || !n.marks.valid(key, t) {
+// taken (before the read that produced r was sent), nor any of its
+// groups since gt was. size is the value's serialized length; until, if
+// not zero, is when the entry must end.
+func (n *near) put(key string, t ticket, gt groupTickets, r result, size int, until time.Time) {
+	if !n.gate.Admits(key) || !n.marks.valid(key, t) || !n.marks.groupsValid(gt) {
 		return
 	}
 	w := len(key) + size + entryOverhead
@@ -202,11 +212,11 @@ func (n *near) put(key string, t ticket, r result, size int, until time.Time) {
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
 		until = most
 	}
-	e := nearEntry{val: r.val, data: r.data, edge: eg, weight: uint32(min(w, 1<<32-1)), expires: int64(until.Sub(n.gate.Epoch()))}
+	e := nearEntry{val: r.val, data: r.data, edge: eg, groups: gt, weight: uint32(min(w, 1<<32-1)), expires: int64(until.Sub(n.gate.Epoch()))}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.
-	if !n.marks.valid(key, t) {
+	if !n.marks.valid(key, t) || !n.marks.groupsValid(gt) {
 		n.entries.Invalidate(key)
 	}
 }
@@ -244,6 +254,7 @@ const stripes = 4096
 type marks struct {
 	epoch   atomic.Uint64 // bumped when everything is invalidated
 	stripes [stripes]atomic.Uint64
+	groups  [stripes]atomic.Uint64 // by group: see groupTickets
 	seed    maphash.Seed
 }
 
@@ -316,6 +327,9 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		return nil
 	}
 	c.marks.seed = maphash.MakeSeed()
+	// The groups' records too: a near cache drops a group's members when
+	// another process invalidates it (groups.go).
+	tracked = append(tracked, groupPrefix)
 	tr, err := tracking.New(rdb, tracked, minLag/4, streamHandler{c})
 	if err != nil {
 		for _, n := range c.nears {
@@ -341,7 +355,7 @@ func (c *cache) keepNear(key string, p *policy, t ticket, j judgement) {
 		until = j.expires.Add(-p.staleFor) // stale from then
 		if p.refreshAfter > 0 {
 			// Due once its age, TTL + StaleFor - left, reaches RefreshAfter.
-			if due := j.expires.Add(p.refreshAfter - p.ttl - p.staleFor); due.Before(until) {
+			if due := j.expires.Add(p.refreshAfter - j.ttl - p.staleFor); due.Before(until) {
 				until = due
 			}
 		}
@@ -349,7 +363,7 @@ func (c *cache) keepNear(key string, p *policy, t ticket, j judgement) {
 			return
 		}
 	}
-	p.near.put(key, t, j.r, j.r.size, until)
+	p.near.put(key, t, j.marks, j.r, j.r.size, until)
 }
 
 // A change says how keys changed in Redis, which decides what of this
@@ -419,6 +433,20 @@ func (c *cache) changed(how change, keys ...string) {
 // failures the error handler.
 type streamHandler struct{ c *cache }
 
-func (h streamHandler) Invalidate(keys []string) { h.c.changed(invalidated, keys...) }
-func (h streamHandler) Flush()                   { h.c.changed(flushed) }
-func (h streamHandler) Report(err error)         { h.c.report(context.Background(), "", err) }
+func (h streamHandler) Invalidate(keys []string) {
+	if !slices.ContainsFunc(keys, isGroupKey) {
+		h.c.changed(invalidated, keys...)
+		return
+	}
+	var rest []string
+	for _, k := range keys {
+		if isGroupKey(k) {
+			h.c.groupsChanged(false, k)
+		} else {
+			rest = append(rest, k)
+		}
+	}
+	h.c.changed(invalidated, rest...)
+}
+func (h streamHandler) Flush()           { h.c.changed(flushed) }
+func (h streamHandler) Report(err error) { h.c.report(context.Background(), "", err) }

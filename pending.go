@@ -28,9 +28,18 @@ type owedStore struct{ c *cache }
 const opInvalidate = "invalidate"
 
 // Invalidate sends the owed DELs through the client, one pipeline per
-// node.
+// node. An owed group's record (an InvalidateGroups that failed) is sent
+// InvalidateGroups's own script, which also moves the group sequence on:
+// a DEL alone would let a load that began before it store (groups.go).
 func (s owedStore) Invalidate(ctx context.Context, keys, keeps []string) []error {
 	return s.c.roundTripMany(ctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		if isGroupKey(keys[i]) {
+			all := []string{groupSeqKey, keys[i]}
+			if sha {
+				return invalidateScript.EvalSha(ctx, pipe, all)
+			}
+			return invalidateScript.Eval(ctx, pipe, all)
+		}
 		return runScript(ctx, pipe, owed.Script, sha, keys[i], keeps[i])
 	})
 }
@@ -52,6 +61,10 @@ func (s owedStore) Probe(ctx context.Context, keys, keeps []string, ran []bool) 
 func (s owedStore) Owes(key string, ttl time.Duration, err error) (until time.Time, owe bool) {
 	if !errors.Is(err, ErrRedis) {
 		return time.Time{}, false
+	}
+	if isGroupKey(key) {
+		// Its members may live as long as any value: owed until it lands.
+		return time.Time{}, true
 	}
 	p := s.c.policy(key)
 	if p.ttl != Off && ttl != Off { // else the old value, or a late landing of this write, may never expire

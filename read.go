@@ -170,7 +170,7 @@ func (c *cache) act(ctx context.Context, f flight, j judgement) (result, error) 
 // rule is what every read does with a judgement, single or batch, with a
 // loader (readThrough) or without: serve j.r (starting a refresh if it is
 // due), fail with err, or load. Without a loader, a value past its TTL, a
-// lease and a miss are all ErrMiss, and an undecodable value or a Redis
+// value of an invalidated group, a lease and a miss are all ErrMiss, and an undecodable value or a Redis
 // failure is the error. With one, all of them load, except a Redis failure
 // with WithStrictRedis; an undecodable value is reported as it is
 // reloaded. A tombstone is ErrNotFound either way.
@@ -188,7 +188,7 @@ func (c *cache) rule(ctx context.Context, key string, j judgement, readThrough b
 		switch j.v {
 		case vUndecodable, vUnavailable:
 			return false, j.err
-		default: // vStale, vLease, vMiss, vOwed
+		default: // vStale, vLease, vMiss, vOwed, vInvalid
 			return false, ErrMiss
 		}
 	}
@@ -216,6 +216,7 @@ const (
 	vUnavailable                // Redis failed, or the node's breaker is open
 	vCancelled                  // the caller's context ended before Redis answered
 	vOwed                       // an invalidation of the key is owed (pending.go): Redis is not trusted
+	vInvalid                    // a value in a group invalidated since it was stored (groups.go)
 )
 
 // A judgement is a verdict with what the reader needs to act on it.
@@ -234,6 +235,13 @@ type judgement struct {
 	// vCancelled, the lease the read sent without learning whether it
 	// ran: it may land in the key once the node answers again.
 	placed, unsure string
+
+	// A grouped value's groups, and their near-cache marks (groups.go);
+	// ttl is the TTL the value was stored with, when it recorded one
+	// (else the policy's).
+	groups []string
+	marks  groupTickets
+	ttl    time.Duration
 }
 
 // judge is the one place that decides what a stored value means. It turns
@@ -261,8 +269,13 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 		return judgement{v: vTombstone}
 	case len(s) > 0 && s[0] == codec.HeaderLease:
 		return judgement{v: vLease, lease: s}
+	case len(s) > 0 && s[0] == codec.HeaderExtended:
+		return c.judgeGrouped(key, p, rp, readThrough)
 	}
-	j := judgement{left: left}
+	j := judgement{left: left, ttl: p.ttl}
+	if rp.ttl > 0 {
+		j.ttl = rp.ttl
+	}
 	if left >= 0 {
 		j.expires = rp.sent.Add(left)
 	}
@@ -282,7 +295,7 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 	} else if p.staleFor > 0 && left >= 0 && left <= p.staleFor {
 		j.v = vStale
 	} else {
-		j.refresh = readThrough && p.refreshAfter > 0 && left >= 0 && p.ttl+p.staleFor-left >= p.refreshAfter
+		j.refresh = readThrough && p.refreshAfter > 0 && left >= 0 && j.ttl+p.staleFor-left >= p.refreshAfter
 	}
 	if readThrough && (j.v != vHit || j.refresh) {
 		j.digest = digest(s)
@@ -320,6 +333,10 @@ type reply struct {
 	// says that the read placed it: the key held nothing.
 	lease  string
 	placed bool
+	// grouped is, for a value in an envelope, what checkGroups found;
+	// ttl, for the value inside, the TTL its envelope recorded.
+	grouped *groupedReply
+	ttl     time.Duration
 }
 
 // fetch reads key from Redis (see roundTrip): the value, and its time to
@@ -354,6 +371,11 @@ func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) re
 		rp.s, rp.err = "", redis.Nil
 	}
 	rp.placed = rp.lease != "" && rp.err == redis.Nil
+	if rp.err == nil && len(rp.s) > 0 && rp.s[0] == codec.HeaderExtended {
+		rps := []reply{rp}
+		c.checkGroups(ctx, rps)
+		rp = rps[0]
+	}
 	return rp
 }
 

@@ -224,6 +224,26 @@ func (g *group[V, A]) forget(key string) {
 	g.cool(key, nil)
 }
 
+// forgetAll is forget of every key, for an invalidation whose keys are
+// not known (a group's): it costs a walk of the reads under way or held.
+func (g *group[V, A]) forgetAll() {
+	g.mu.Lock()
+	if len(g.m) == 0 {
+		g.mu.Unlock()
+		return
+	}
+	keys := make([]string, 0, len(g.m))
+	for k, c := range g.m {
+		c.detached.Store(true)
+		keys = append(keys, k)
+	}
+	clear(g.m)
+	g.mu.Unlock()
+	for _, k := range keys {
+		g.cool(k, nil)
+	}
+}
+
 // protect calls fn, turning a panic into a *PanicError, so that a
 // misbehaving loader fails its callers instead of crashing the process or
 // leaving them waiting. (A runtime.Goexit in fn ends the goroutine without
@@ -545,6 +565,19 @@ func (g *registry) forget(key string) {
 		c.detached.Store(true)
 	}
 	delete(g.latest, key)
+	g.mu.Unlock()
+}
+
+// forgetAll is forget of every key, for an invalidation whose keys are
+// not known (a group's).
+func (g *registry) forgetAll() {
+	g.mu.Lock()
+	for _, c := range g.latest {
+		for ; c != nil; c = c.prev {
+			c.detached.Store(true)
+		}
+	}
+	clear(g.latest)
 	g.mu.Unlock()
 }
 

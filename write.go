@@ -17,6 +17,7 @@ type SetOption func(*setOptions)
 type setOptions struct {
 	ttl    time.Duration
 	ttlSet bool
+	groups []string // InGroups
 }
 
 // SetTTL stores the value for d, or with no expiry for Off, instead of
@@ -50,9 +51,14 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	}
 	e.detach()
 	defer e.release()
-	w := owed.Write{Op: "set", Keys: []string{key}, Stored: [][]byte{e.stored}, TTL: so.ttl}
+	ttl := c.expiry(p, so.ttl)
+	stored, serr := c.groupStored(ctx, key, p, so, e.stored, ttl)
+	w := owed.Write{Op: "set", Keys: []string{key}, Stored: [][]byte{stored}, TTL: so.ttl}
 	return c.owed.Write(ctx, &w, func() []error {
-		err := c.set(ctx, key, p, e.stored, c.expiry(p, so.ttl))
+		err := serr // the groups' records could not be readied: nothing written
+		if err == nil {
+			err = c.set(ctx, key, p, stored, ttl)
+		}
 		c.changed(written, key)
 		return []error{err}
 	})[0]

@@ -1,0 +1,570 @@
+package packcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache"
+	"github.com/packcache/packcache/internal/redistest"
+)
+
+// Groups (issue 25): InvalidateGroups invalidates every value stored in a
+// group before it began, in any process, single node and Cluster, with
+// the near cache on and off, at a cost that does not grow with the group;
+// a load that began before it stores nothing a later Get serves, even when
+// its loader names the group only afterwards (StoreWith).
+
+// clientCommands are the commands a client may send for a group's
+// invalidation, counted with INFO commandstats; scriptCommands those a
+// script runs inside the one command that sent it (Redis counts them
+// too); memberCommands those that would read or list a group's members.
+var (
+	clientCommands = []string{"evalsha", "eval", "get", "mget", "set", "unlink", "multi", "exec"}
+	scriptCommands = []string{"incr", "del"}
+	memberCommands = []string{"scan", "keys", "smembers", "sscan", "hgetall", "zrange"}
+)
+
+func countCommands(t *testing.T, tg redistest.Target) map[string]int64 {
+	m := map[string]int64{}
+	for _, c := range append(append(slices.Clone(clientCommands), scriptCommands...), memberCommands...) {
+		if n := tg.CommandCount(t, c); n != 0 {
+			m[c] = n
+		}
+	}
+	return m
+}
+
+// sent is how many commands the client sent, of those counted.
+func sent(m map[string]int64) (n int64) {
+	for _, c := range append(slices.Clone(clientCommands), memberCommands...) {
+		n += m[c]
+	}
+	return n
+}
+
+// checkInvalidationCost fails unless cmds, counted around one
+// InvalidateGroups of groups groups, are at most 3 commands sent, none
+// reading members, and one DEL per group inside the script.
+func checkInvalidationCost(t *testing.T, cmds map[string]int64, groups int) {
+	t.Helper()
+	if sent(cmds) > 3 || cmds["del"] > int64(groups) {
+		t.Errorf("InvalidateGroups sent %v: more than 3 commands, or more than a DEL per group", cmds)
+	}
+	for _, c := range memberCommands {
+		if cmds[c] != 0 {
+			t.Errorf("InvalidateGroups read members: %v", cmds)
+		}
+	}
+}
+
+func withNear(near bool, opts ...packcache.Option) []packcache.Option {
+	if near {
+		return nearOpts(opts...)
+	}
+	return opts
+}
+
+// TestGroupsInvalidate: members of a group, and of two, are served until
+// the group is invalidated, then never again, by this cache or another
+// (a second cache over a client of its own, with a near cache of its own,
+// stands for another process); values outside the group stay; a value
+// stored in the group afterwards is served. The invalidation is one
+// command.
+func TestGroupsInvalidate(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, near := range []bool{false, true} {
+			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("user:%s:%v:%d", tg.Name, near, time.Now().UnixNano())
+				other := g + ":other"
+				// Without a share window: another process's Get may share a
+				// read begun up to one window before it (WithShareWindow),
+				// which is not what this test is about.
+				a := mustNew[string](t, tg.Client, withNear(near, packcache.WithShareWindow(packcache.Off))...)
+				b := mustNew[string](t, tg.Client, withNear(near, packcache.WithShareWindow(packcache.Off))...)
+				keys := []string{"gi:" + g + ":1", "gi:" + g + ":2", "gi:" + g + ":3"}
+				for i, k := range keys[:2] {
+					if err := a.Set(ctx, k, "v"+strconv.Itoa(i), packcache.InGroups(g)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := a.Set(ctx, keys[2], "both", packcache.InGroups(other, g)); err != nil {
+					t.Fatal(err)
+				}
+				outside := "gi:" + g + ":outside"
+				if err := a.Set(ctx, outside, "stays", packcache.InGroups(other)); err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range []*packcache.Cache[string]{a, b} {
+					for _, k := range append(keys, outside) {
+						if _, err := c.Get(ctx, k); err != nil {
+							t.Fatalf("Get %s before: %v", k, err)
+						}
+					}
+				}
+				if near {
+					waitNear(t, a, keys[0])
+					waitNear(t, b, keys[0])
+				}
+				tg.ResetStats(t)
+				if err := a.InvalidateGroups(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				checkInvalidationCost(t, countCommands(t, tg), 1)
+				// This process: at once, near cache or not.
+				for _, k := range keys {
+					if v, err := a.Get(ctx, k); !errors.Is(err, packcache.ErrMiss) {
+						t.Errorf("a: Get %s after InvalidateGroups: %q, %v; want ErrMiss", k, v, err)
+					}
+				}
+				// The other: at once without a near cache, within MaxLag
+				// with one.
+				for _, k := range keys {
+					if !near {
+						if v, err := b.Get(ctx, k); !errors.Is(err, packcache.ErrMiss) {
+							t.Errorf("b: Get %s after InvalidateGroups: %q, %v; want ErrMiss", k, v, err)
+						}
+						continue
+					}
+					waitFor(t, 5*time.Second, "b dropping "+k, func() bool {
+						_, err := b.Get(ctx, k)
+						return errors.Is(err, packcache.ErrMiss)
+					})
+				}
+				if got, err := b.GetMany(ctx, append(keys, outside)); err != nil || len(got) != 1 || got[outside] != "stays" {
+					t.Errorf("b: GetMany: %v, %v; want only %s", got, err, outside)
+				}
+				// Stored afterwards: served as usual.
+				if err := b.Set(ctx, keys[0], "new", packcache.InGroups(g)); err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range []*packcache.Cache[string]{a, b} {
+					if v, err := c.Get(ctx, keys[0]); err != nil || v != "new" {
+						t.Errorf("Get after a new Set: %q, %v", v, err)
+					}
+				}
+			})
+		}
+	})
+}
+
+// TestGroupsReadThrough: a read-through Get of an invalidated member
+// loads it again and stores over it, and a loader's StoreWith puts the
+// value in its groups.
+func TestGroupsReadThrough(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		g := fmt.Sprintf("rt:%s:%d", tg.Name, time.Now().UnixNano())
+		var loads atomic.Int64
+		c := mustNew[string](t, tg.Client, packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+			n := loads.Add(1)
+			if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("%s#%d", key, n), nil
+		})))
+		// The first load of a process that has not met groups does not
+		// store (see StoreWith): the InvalidateGroups below would find it
+		// in place otherwise. Meet them first.
+		if err := c.InvalidateGroups(ctx, g+":none"); err != nil {
+			t.Fatal(err)
+		}
+		key := "rt:" + g
+		v1, err := c.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, err := c.Get(ctx, key); err != nil || v != v1 || loads.Load() != 1 {
+			t.Fatalf("second Get: %q, %v, %d loads; want %q from Redis", v, err, loads.Load(), v1)
+		}
+		if err := c.InvalidateGroups(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		v2, err := c.Get(ctx, key)
+		if err != nil || v2 == v1 || loads.Load() != 2 {
+			t.Fatalf("Get after InvalidateGroups: %q, %v, %d loads; want a second load", v2, err, loads.Load())
+		}
+		if v, err := c.Get(ctx, key); err != nil || v != v2 || loads.Load() != 2 {
+			t.Fatalf("Get after the reload: %q, %v, %d loads; want %q stored", v, err, loads.Load(), v2)
+		}
+	})
+}
+
+// TestGroupsSlowLoadNamesGroupLate: a load that began before
+// InvalidateGroups, whose loader names its group only after it, stores
+// nothing that a later Get serves, and no Get that starts after the
+// invalidation joins it.
+func TestGroupsSlowLoadNamesGroupLate(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, near := range []bool{false, true} {
+			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("slow:%s:%v:%d", tg.Name, near, time.Now().UnixNano())
+				key := "slow:" + g
+				started, release := make(chan struct{}), make(chan struct{})
+				var loads atomic.Int64
+				c := mustNew[string](t, tg.Client, withNear(near, packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+					n := loads.Add(1)
+					if n == 1 {
+						close(started)
+						<-release
+					}
+					if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+						return "", err
+					}
+					return "load" + strconv.FormatInt(n, 10), nil
+				})))...)
+				plain := mustNew[string](t, tg.Client, withNear(near)...)
+				if err := c.InvalidateGroups(ctx, g+":meet"); err != nil { // meet groups: see StoreWith
+					t.Fatal(err)
+				}
+				first := make(chan string)
+				go func() {
+					v, _ := c.Get(ctx, key)
+					first <- v
+				}()
+				<-started
+				if err := c.InvalidateGroups(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				// Started after: not joined to the slow load.
+				second := make(chan string)
+				go func() {
+					v, err := c.Get(ctx, key)
+					if err != nil {
+						v = err.Error()
+					}
+					second <- v
+				}()
+				if v := <-second; v != "load2" {
+					t.Errorf("Get after InvalidateGroups: %q, want a load of its own (load2)", v)
+				}
+				close(release)
+				if v := <-first; v != "load1" {
+					t.Errorf("the first Get: %q, want load1", v)
+				}
+				// What the slow load stored, if anything, is never served.
+				for range 3 {
+					v, err := plain.Get(ctx, key)
+					if err == nil && v == "load1" {
+						t.Fatalf("a Get after InvalidateGroups served the slow load's value")
+					}
+					if v, err := c.Get(ctx, key); err != nil || v == "load1" {
+						t.Fatalf("read-through Get: %q, %v", v, err)
+					}
+				}
+			})
+		}
+	})
+}
+
+// TestGroupsManyKeysCluster: 100,000 keys of one group across three
+// masters are invalidated by at most 3 commands, as are 10; every key is
+// a miss afterwards.
+func TestGroupsManyKeysCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("100,000 keys")
+	}
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Cluster == nil {
+			t.Skip("the Cluster's case")
+		}
+		ctx := ctxT(t)
+		c := mustNew[string](t, tg.Client)
+		for _, n := range []int{10, 100_000} {
+			g := fmt.Sprintf("big:%d:%d", n, time.Now().UnixNano())
+			items := make(map[string]string, 1000)
+			var keys []string
+			for i := range n {
+				k := fmt.Sprintf("big:%s:%d", g, i)
+				keys = append(keys, k)
+				items[k] = "v"
+				if len(items) == 1000 || i == n-1 {
+					if err := c.SetMany(ctx, items, packcache.InGroups(g)); err != nil {
+						t.Fatal(err)
+					}
+					clear(items)
+				}
+			}
+			masters := map[string]bool{}
+			for _, k := range keys[:min(n, 200)] {
+				masters[tg.Cluster.NodeForKey(t, k).Addr()] = true
+			}
+			tg.ResetStats(t)
+			start := time.Now()
+			if err := c.InvalidateGroups(ctx, g); err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			cmds := countCommands(t, tg)
+			t.Logf("%d keys over %d masters: InvalidateGroups took %v, sent %v", n, len(masters), took, cmds)
+			checkInvalidationCost(t, cmds, 1)
+			for i := 0; i < n; i += 1000 {
+				got, err := c.GetMany(ctx, keys[i:min(i+1000, n)])
+				if err != nil || len(got) != 0 {
+					t.Fatalf("GetMany after InvalidateGroups: %d values, %v", len(got), err)
+				}
+			}
+		}
+	})
+}
+
+// TestGroupsMillionInvalidations: a million InvalidateGroups of one group
+// leave Redis's memory within 1 MiB of where it was.
+func TestGroupsMillionInvalidations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million calls")
+	}
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "INFO memory")
+	rdb := s.Universal(t)
+	c := mustNew[string](t, rdb)
+	// A million round trips take a minute or more on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if err := c.Set(ctx, "m:1", "v", packcache.InGroups("hot")); err != nil {
+		t.Fatal(err)
+	}
+	used := func() int64 {
+		info, err := rdb.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Fatal("no used_memory")
+		return 0
+	}
+	before := used()
+	start := time.Now()
+	const n, workers = 1_000_000, 16
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				if err := c.InvalidateGroups(ctx, "hot"); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	after := used()
+	t.Logf("used_memory %d -> %d (%+d bytes) after %d invalidations in %v", before, after, after-before, n, time.Since(start))
+	if failed.Load() != 0 {
+		t.Fatalf("%d InvalidateGroups failed", failed.Load())
+	}
+	if after-before >= 1<<20 {
+		t.Errorf("Redis memory grew by %d bytes: over 1 MiB", after-before)
+	}
+	if seq, _ := rdb.Get(ctx, "{packcache:g}seq").Int64(); seq < n {
+		t.Errorf("sequence %d, want at least %d", seq, n)
+	}
+}
+
+// TestGroupsRacingSets: InvalidateGroups races Sets of the group's keys
+// (by another cache: another process); after each returns, no Get of the
+// invalidating cache, near cache or not, serves a value whose Set had
+// returned before the invalidation began.
+func TestGroupsRacingSets(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, near := range []bool{false, true} {
+			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("race:%s:%v:%d", tg.Name, near, time.Now().UnixNano())
+				w := mustNew[string](t, tg.Client)
+				r := mustNew[string](t, tg.Client, withNear(near)...)
+				keys := []string{"race:" + g + ":a", "race:" + g + ":b", "race:" + g + ":c"}
+				var clock atomic.Int64 // ticks at each invalidation's start
+				var done sync.Map      // value -> clock when its Set returned
+				stop := make(chan struct{})
+				var wg sync.WaitGroup
+				for i, k := range keys {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for n := 0; ; n++ {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+							v := fmt.Sprintf("%d-%d", i, n)
+							if err := w.Set(ctx, k, v, packcache.InGroups(g)); err != nil {
+								t.Error(err)
+								return
+							}
+							done.Store(v, clock.Load())
+						}
+					}()
+				}
+				for range 50 {
+					began := clock.Add(1)
+					if err := r.InvalidateGroups(ctx, g); err != nil {
+						t.Fatal(err)
+					}
+					got, _ := r.GetMany(ctx, keys)
+					for k, v := range got {
+						if at, ok := done.Load(v); ok && at.(int64) < began {
+							t.Fatalf("%s: %q, whose Set returned before invalidation %d began, served after it", k, v, began)
+						}
+					}
+				}
+				close(stop)
+				wg.Wait()
+			})
+		}
+	})
+}
+
+// TestStoreWithTTL: a loader's StoreWith(SetTTL(2s)) stores its value
+// with a PTTL of at most 2 s, and neither Redis nor the near cache serves
+// it past that; an ErrNotFound carries its own TTL too.
+func TestStoreWithTTL(t *testing.T) {
+	s, rdb := single(t)
+	_ = s
+	ctx := ctxT(t)
+	var loads atomic.Int64
+	c := mustNew[string](t, rdb, nearOpts(packcache.WithTTL(time.Hour), packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		n := loads.Add(1)
+		if strings.HasPrefix(key, "none:") {
+			if err := packcache.StoreWith(ctx, key, packcache.SetTTL(3*time.Second)); err != nil {
+				return "", err
+			}
+			return "", packcache.ErrNotFound
+		}
+		if err := packcache.StoreWith(ctx, key, packcache.SetTTL(2*time.Second)); err != nil {
+			return "", err
+		}
+		return "v" + strconv.FormatInt(n, 10), nil
+	})))...)
+	if v, err := c.Get(ctx, "ttl:1"); err != nil || v != "v1" {
+		t.Fatalf("Get: %q, %v", v, err)
+	}
+	stored := time.Now() // the load stored before Get returned
+	if d := rdb.PTTL(ctx, "ttl:1").Val(); d <= 0 || d > 2*time.Second {
+		t.Fatalf("PTTL %v, want at most 2s", d)
+	}
+	waitNear(t, c, "ttl:1")
+	// Served from the near cache or Redis until it expires; never after.
+	for {
+		start := time.Now()
+		v, err := c.Get(ctx, "ttl:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != "v1" {
+			break
+		}
+		if since := start.Sub(stored); since > 2*time.Second {
+			t.Fatalf("v1 served to a Get begun %v after it was stored: past its 2s TTL", since)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := c.Get(ctx, "none:1"); !errors.Is(err, packcache.ErrNotFound) {
+		t.Fatalf("Get none:1: %v", err)
+	}
+	if d := rdb.PTTL(ctx, "none:1").Val(); d <= 0 || d > 3*time.Second {
+		t.Fatalf("the tombstone's PTTL %v, want at most 3s (no NegativeTTL in the policy)", d)
+	}
+}
+
+// TestStoreWithOutsideALoad: StoreWith outside a loader, for a key the
+// load does not load, or after the loader returned, fails with
+// ErrNotLoading and changes nothing.
+func TestStoreWithOutsideALoad(t *testing.T) {
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	if err := packcache.StoreWith(ctx, "k", packcache.SetTTL(time.Second)); !errors.Is(err, packcache.ErrNotLoading) {
+		t.Errorf("outside a loader: %v", err)
+	}
+	var kept context.Context
+	c := mustNew[string](t, rdb, packcache.WithTTL(time.Hour), packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+		kept = ctx
+		if err := packcache.StoreWith(ctx, "other", packcache.SetTTL(time.Second)); !errors.Is(err, packcache.ErrNotLoading) {
+			t.Errorf("for another key: %v", err)
+		}
+		if err := packcache.StoreWith(ctx, key, packcache.SetTTL(-5)); err == nil {
+			t.Errorf("a negative TTL: no error")
+		}
+		return "v", nil
+	})))
+	if _, err := c.Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := packcache.StoreWith(kept, "k", packcache.SetTTL(time.Second)); !errors.Is(err, packcache.ErrNotLoading) {
+		t.Errorf("after the loader returned: %v", err)
+	}
+	if d := rdb.PTTL(ctx, "k").Val(); d < 30*time.Minute {
+		t.Errorf("PTTL %v: the policy's hour was changed", d)
+	}
+}
+
+// TestGroupsPending: InvalidateGroups with Redis stopped fails with
+// ErrPending, this process never serves the group's values meanwhile, and
+// the invalidation lands once Redis answers.
+func TestGroupsPending(t *testing.T) {
+	s, c, raw := pausable(t)
+	ctx := ctxT(t)
+	if err := c.Set(ctx, "p:1", "old", packcache.InGroups("pg")); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause(t)
+	err := c.InvalidateGroups(ctx, "pg")
+	if !errors.Is(err, packcache.ErrPending) || !errors.Is(err, packcache.ErrRedis) {
+		s.Resume(t)
+		t.Fatalf("InvalidateGroups with Redis stopped: %v, want ErrPending", err)
+	}
+	s.Resume(t)
+	waitFor(t, 15*time.Second, "the group's record deleted", func() bool {
+		return raw.Exists(context.Background(), "{packcache:g}:pg").Val() == 0
+	})
+	if v, err := c.Get(ctx, "p:1"); !errors.Is(err, packcache.ErrMiss) {
+		t.Fatalf("Get after the invalidation landed: %q, %v", v, err)
+	}
+	_ = redis.Nil
+}
+
+// TestGroupsNearServes: a grouped value enters the near cache and is
+// served from it, with no Redis read, until its group is invalidated.
+func TestGroupsNearServes(t *testing.T) {
+	s, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[string](t, rdb, nearOpts()...)
+	if err := c.Set(ctx, "ns:1", "v", packcache.InGroups("ns")); err != nil {
+		t.Fatal(err)
+	}
+	waitNear(t, c, "ns:1")
+	s.ResetStats(t)
+	for range 100 {
+		if v, err := c.Get(ctx, "ns:1"); err != nil || v != "v" {
+			t.Fatal(v, err)
+		}
+	}
+	if n := s.CommandCount(t, "get") + s.CommandCount(t, "mget"); n != 0 {
+		t.Errorf("100 near hits of a grouped key: %d reads of Redis", n)
+	}
+	if err := c.InvalidateGroups(ctx, "ns"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get(ctx, "ns:1"); !errors.Is(err, packcache.ErrMiss) {
+		t.Errorf("Get after InvalidateGroups: %v", err)
+	}
+}
