@@ -1,6 +1,7 @@
 package packcache
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -108,7 +109,9 @@ type served struct {
 // decompressed, the value's own bytes for a Cache of []byte or
 // json.RawMessage, or (a value just loaded, or one whose stored form this
 // package cannot decode alone, such as one written with a dictionary) the
-// value serialized again.
+// value serialized again. For a Cache of json.RawMessage, whose bytes no
+// serializer read, bytes that are not JSON are an error matching
+// ErrSerialization: Serve answers 500.
 func (s *served) Serialized() ([]byte, int, error) {
 	res := &s.res
 	var b []byte
@@ -133,8 +136,19 @@ func (s *served) Serialized() ([]byte, int, error) {
 		}
 		b, n = d, cap(d)
 	}
+	if s.c.kind.t == rawJSON && !json.Valid(bytes.TrimPrefix(b, bom)) {
+		// The serializer never read it: a json.RawMessage is the bytes
+		// stored, which anyone may have written (redis-cli SET).
+		return nil, 0, keyErr("get", s.key, serializationErr(errNotJSON))
+	}
 	return b, n, nil
 }
+
+var rawJSON = reflect.TypeFor[json.RawMessage]()
+
+// errNotJSON is the cause of a Serve of a json.RawMessage that is not
+// JSON: it is not sent as application/json.
+var errNotJSON = errors.New("the value is not JSON, so it is not served as application/json")
 
 // Kept adds the n bytes a body kept in eg to the weight of the near-cache
 // entry that holds eg.
@@ -147,7 +161,7 @@ func (s *served) Kept(eg *httpenc.Edge, n int) {
 // json.RawMessage).
 func contentType(t reflect.Type, raw bool, ser Serializer) string {
 	switch {
-	case t == reflect.TypeFor[json.RawMessage]():
+	case t == rawJSON:
 		return "application/json"
 	case raw: // []byte: bytes of any kind
 		return "application/octet-stream"

@@ -314,8 +314,8 @@ func BenchmarkPick(b *testing.B) {
 
 // TestPickTieSmaller: among codings of equal q, the smaller body is sent,
 // as Serve's doc promises: a stored frame larger than the value gzipped
-// (here one written without entropy coding) loses to gzip, while a frame
-// smaller than it wins; with or without an Edge. A coding of higher q
+// (here one with a 1 KiB window) loses to gzip, while a frame smaller
+// than it wins; with or without an Edge. A coding of higher q
 // still wins whatever its size.
 func TestPickTieSmaller(t *testing.T) {
 	plain := farRepeats(64 << 10)
