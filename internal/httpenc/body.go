@@ -19,6 +19,18 @@ type Body struct {
 	etag   string
 }
 
+// Coding is the body's content coding, "zstd", "gzip" or "identity"; ""
+// for none (a nil Body: nothing acceptable).
+func (b *Body) Coding() string {
+	switch {
+	case b == nil:
+		return ""
+	case b.coding == "":
+		return "identity"
+	}
+	return b.coding
+}
+
 // noBody is the answer for a body that cannot be made: a stored value
 // that is not a zstd frame browsers take, or a serialized value too small
 // to compress or that the coding does not shrink. An Edge keeps it like a body, so

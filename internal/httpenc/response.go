@@ -40,10 +40,13 @@ func CheckMethod(w http.ResponseWriter, r *http.Request) bool {
 // dates are ignored, as the RFC asks (section 13.1.3 and 13.1.4). A 304
 // or 412 has the ETag and Vary and none of the metadata of a body it does
 // not have (section 15.4.5).
-func Write(w http.ResponseWriter, r *http.Request, b *Body, contentType string) {
+//
+// It returns the status written and the bytes of body written (a 200's
+// body, none for HEAD; 0 for the others).
+func Write(w http.ResponseWriter, r *http.Request, b *Body, contentType string) (status, n int) {
 	if b == nil {
 		http.Error(w, http.StatusText(http.StatusNotAcceptable), http.StatusNotAcceptable)
-		return
+		return http.StatusNotAcceptable, 0
 	}
 	h := w.Header()
 	addVary(h)
@@ -56,7 +59,7 @@ func Write(w http.ResponseWriter, r *http.Request, b *Body, contentType string) 
 			delete(h, "Last-Modified") // the ETag guides caches (RFC 9110, section 15.4.5)
 		}
 		w.WriteHeader(status)
-		return
+		return status, 0
 	}
 	if _, ok := h["Content-Type"]; !ok {
 		h["Content-Type"] = []string{contentType}
@@ -69,8 +72,9 @@ func Write(w http.ResponseWriter, r *http.Request, b *Body, contentType string) 
 	h["Content-Length"] = []string{strconv.Itoa(len(b.b))}
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
-		w.Write(b.b) // a client gone is nothing to report
+		n, _ = w.Write(b.b) // a client gone is nothing to report
 	}
+	return http.StatusOK, n
 }
 
 // preconditions returns the status r's preconditions call for, 412 or
