@@ -415,3 +415,30 @@ func describe(b *Body) string {
 	}
 	return fmt.Sprintf("%d bytes in %q", len(b.b), b.coding)
 }
+
+// BenchmarkPickTie: a browser's request (zstd and gzip alike) for a
+// 128 KB value without an Edge: a stored frame smaller than gzip, found
+// so once and remembered (frameWins), against one larger, which costs a
+// gzip per request.
+func BenchmarkPickTie(b *testing.B) {
+	plain := document(128 << 10)
+	for _, bc := range []struct {
+		name   string
+		stored []byte
+	}{
+		{"frame-smaller", storedZstd(b, plain, zstd.WithEncoderLevel(zstd.SpeedBestCompression))},
+		{"gzip-smaller", storedZstd(b, plain, zstd.WithWindowSize(zstd.MinWindowSize), zstd.WithEncoderLevel(zstd.SpeedFastest))},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			src := &source{plain: plain}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("Accept-Encoding", "gzip, deflate, br, zstd")
+			b.ReportAllocs()
+			for b.Loop() {
+				if body, err := Pick(r, bc.stored, nil, src); err != nil || body == nil {
+					b.Fatal(body, err)
+				}
+			}
+		})
+	}
+}
