@@ -232,7 +232,8 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 //
 // The body is chosen by the request's Accept-Encoding, whose q-values are
 // honoured (a coding at q=0 is refused; among those accepted the highest q
-// wins, and on a tie the smaller body):
+// wins, and on a tie the smaller body: browsers accept zstd and gzip
+// alike, and get the smaller):
 //
 //   - zstd: a value stored with zstd (header 0x04) is sent as the stored
 //     frame, byte for byte, with Content-Encoding: zstd: no decompression,
@@ -248,10 +249,22 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 //     406 Not Acceptable.
 //
 // The serialized value is the stored payload: a plain value as Redis holds
-// it, a compressed one decompressed. A value just loaded has no stored
-// form to pass on: it is serialized again and served gzipped or as it is,
-// and the next request, which reads what the load stored, gets the zstd
-// frame.
+// it, a compressed one decompressed. A value with no stored form to pass
+// on (one just loaded, or loaded while Redis fails) is serialized again
+// and, when it is at least 1 KiB, compressed for the client: with zstd
+// (a frame browsers take) or gzip, whichever it accepts, the smaller on a
+// tie; the next request, which reads what the load stored, gets the
+// stored frame. On a tie of zstd and gzip for a stored frame, finding the
+// smaller costs a gzip of the value: once per near-cache entry, or,
+// without a near cache, once per value in this process for a frame found
+// no larger (then remembered by its ETag), and per request for a value
+// whose gzip is smaller, as for a client that asks for gzip alone.
+//
+// A Cache of json.RawMessage holds whatever bytes Redis holds: a value
+// that is not JSON (written by redis-cli SET, say) is a 500 whose error,
+// told to the error handler, matches ErrSerialization; it is never sent as
+// application/json. (For other types the serializer reads the value, and
+// a value it cannot read is such an error already.)
 //
 // Every 200 has Content-Type, Content-Length, Vary: Accept-Encoding
 // (added to the application's own Vary), and a strong ETag: a hash of
@@ -261,8 +274,16 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 // method ContentType() string names its own; others, and a Cache of
 // []byte, get application/octet-stream. A Content-Type the application
 // set on w before calling Serve is kept, as are its other headers (such
-// as Cache-Control). A request whose If-None-Match matches the ETag of the
-// body it would get is answered 304 Not Modified, without a body. HEAD
+// as Cache-Control). Conditional requests are answered as net/http's
+// ServeContent answers them, against the ETag of the body the request
+// would get and the Last-Modified the application set on w, if any
+// (RFC 9110, section 13.2.2): an If-Match that lists neither that ETag
+// (strong comparison) nor "*", or, without If-Match, an
+// If-Unmodified-Since before Last-Modified, is 412 Precondition Failed,
+// whatever If-None-Match says; then an If-None-Match that matches the ETag
+// (weak comparison), or, without If-None-Match, an If-Modified-Since not
+// before Last-Modified, is 304 Not Modified. Both are without a body.
+// Without a Last-Modified the dates are ignored, as the RFC asks. HEAD
 // gets the headers of GET and no body. Other methods get 405 with Allow:
 // GET, HEAD.
 //

@@ -57,6 +57,8 @@ type cache struct {
 	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
 	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
 
+	served servedCounts // Serve's responses (serve.go)
+
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
 	nears     []*near
@@ -368,6 +370,11 @@ func (c *cache) stats() Stats {
 	s.NearServing = c.tracker != nil && len(c.nears) > 0 && c.nears[0].gate.Open()
 	o := c.owed.Stats()
 	s.Pending, s.PendingKept, s.PendingApplied, s.PendingExpired, s.PendingDropped = o.Owed, o.Kept, o.Applied, o.Expired, o.Dropped
+	c.nodes.Each(func(b *breaker.Node) {
+		open, since := b.State()
+		s.Breakers = append(s.Breakers, BreakerState{Addr: b.Addr(), Open: open, Since: since})
+	})
+	s.Served = c.served.snapshot()
 	return s
 }
 

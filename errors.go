@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/packcache/packcache/codec"
 )
@@ -112,8 +113,20 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return "packcache: " + e.Op + " " + strconv.Quote(e.Key) + ": " + e.Err.Error()
+	return prefix + e.Op + " " + strconv.Quote(e.Key) + ": " + detail(e.Err)
 }
+
+// prefix begins the message of every error the package makes, once.
+const prefix = "packcache: "
+
+// detail is err's message less a leading prefix: how every error here
+// that shows another's message shows it (*Error, kindError, the pending
+// and Close errors), so that a message begins with "packcache: " and holds
+// it once however its errors nest (a sentinel, whose own text has the
+// prefix since it may be returned alone, inside an *Error; a
+// *PanicError; another cache's error returned by a loader), while
+// errors.Is still finds every sentinel in the chain.
+func detail(err error) string { return strings.TrimPrefix(err.Error(), prefix) }
 
 // Unwrap returns the underlying error.
 func (e *Error) Unwrap() error { return e.Err }
@@ -144,7 +157,7 @@ type kindError struct {
 	err  error
 }
 
-func (e *kindError) Error() string   { return e.kind.Error() + ": " + e.err.Error() }
+func (e *kindError) Error() string   { return e.kind.Error() + ": " + detail(e.err) }
 func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
 func redisErr(err error) error         { return &kindError{ErrRedis, err} }

@@ -37,6 +37,23 @@ type Observer interface {
 	ObserveRedis(RedisEvent)
 }
 
+// A ServeObserver is an Observer that is also told of each response
+// Serve writes; packcacheotel's is one. The cache finds it by a type
+// assertion on the Observer given to WithObserver.
+type ServeObserver interface {
+	Observer
+	ObserveServe(ServeEvent)
+}
+
+// A ServeEvent is one response Serve wrote, counted as Stats.Served
+// counts it.
+type ServeEvent struct {
+	Prefix string
+	Status int
+	Coding string // "zstd", "gzip" or "identity" for a 200, 304 or 412; "" for the others
+	Bytes  int    // body bytes written: a 200's body (none for HEAD); 0 for the others
+}
+
 // A ReadOutcome is what one reader got.
 type ReadOutcome uint8
 

@@ -93,9 +93,9 @@ func (s owedStore) Landed() { s.c.observePending(s.c.base) }
 type pendingError struct{ err error }
 
 func (e *pendingError) Error() string {
-	s := e.err.Error()
+	s := detail(e.err)
 	if pe, ok := e.err.(*Error); ok {
-		s = pe.Err.Error() // the outer Error names the op and key already
+		s = detail(pe.Err) // the outer Error names the op and key already
 	}
 	return s + " (pending: the cache will invalidate the key once Redis answers)"
 }
@@ -114,7 +114,7 @@ func closeOwed(l *owed.Ledger, p *peers) error {
 	err := l.Close()
 	p.close()
 	if err != nil {
-		return fmt.Errorf("packcache: Close: %w: %w", err, ErrRedis)
+		return &kindError{ErrRedis, fmt.Errorf("Close: %w", err)}
 	}
 	return nil
 }

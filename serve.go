@@ -1,11 +1,14 @@
 package packcache
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"reflect"
+	"sync"
+	"sync/atomic"
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/httpenc"
@@ -29,15 +32,16 @@ type ServeErrorFunc func(w http.ResponseWriter, r *http.Request, status int, err
 // internals: f decides what a client sees. A nil f restores the default.
 // serve is Serve.
 func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
+	p := c.policy(key)
 	if !httpenc.CheckMethod(w, r) {
+		c.servedOne(p, http.StatusMethodNotAllowed, "", 0)
 		return
 	}
 	if err := c.life.begin(opGet, key); err != nil {
-		serveFailure(w, r, key, err, c.onError, c.serveError)
+		c.servedOne(p, serveFailure(w, r, key, err, c.onError, c.serveError), "", 0)
 		return
 	}
 	defer c.life.exit()
-	p := c.policy(key)
 	if p.near != nil && !p.near.edged.Load() {
 		p.near.edged.Store(true)
 	}
@@ -55,10 +59,48 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		b, err = httpenc.Pick(r, bytesOf(res.stored), res.edge, &served{c: c, key: key, p: p, res: res})
 	}
 	if err != nil {
-		serveFailure(w, r, key, err, c.onError, c.serveError)
+		c.servedOne(p, serveFailure(w, r, key, err, c.onError, c.serveError), "", 0)
 		return
 	}
-	httpenc.Write(w, r, b, contentType(c.kind.t, c.kind.raw, c.ser))
+	status, n := httpenc.Write(w, r, b, contentType(c.kind.t, c.kind.raw, c.ser))
+	c.servedOne(p, status, b.Coding(), n)
+}
+
+// servedOne counts a response Serve wrote under p, and tells a
+// ServeObserver of it.
+func (c *cache) servedOne(p *policy, status int, coding string, bytes int) {
+	c.served.add(ServeResponse{Status: status, Coding: coding}, bytes)
+	if o, ok := c.obs.(ServeObserver); ok {
+		o.ObserveServe(ServeEvent{Prefix: p.prefix, Status: status, Coding: coding, Bytes: bytes})
+	}
+}
+
+// servedCounts are Serve's responses by kind: a kind's counts are made
+// once, and later responses of that kind add to them without a lock.
+type servedCounts struct {
+	m sync.Map // ServeResponse -> *servedCount
+}
+
+type servedCount struct{ responses, bytes atomic.Uint64 }
+
+func (s *servedCounts) add(k ServeResponse, bytes int) {
+	v, ok := s.m.Load(k)
+	if !ok {
+		v, _ = s.m.LoadOrStore(k, new(servedCount))
+	}
+	n := v.(*servedCount)
+	n.responses.Add(1)
+	n.bytes.Add(uint64(bytes))
+}
+
+func (s *servedCounts) snapshot() map[ServeResponse]ServeCount {
+	out := map[ServeResponse]ServeCount{}
+	s.m.Range(func(k, v any) bool {
+		n := v.(*servedCount)
+		out[k.(ServeResponse)] = ServeCount{Responses: n.responses.Load(), Bytes: n.bytes.Load()}
+		return true
+	})
+	return out
 }
 
 func WithServeError(f ServeErrorFunc) Option {
@@ -67,8 +109,8 @@ func WithServeError(f ServeErrorFunc) Option {
 
 // serveFailure answers a Serve of key whose read failed with err, telling
 // onError of the failures it should know of, and writing the response
-// with serveError if the application gave one.
-func serveFailure(w http.ResponseWriter, r *http.Request, key string, err error, onError func(context.Context, string, error), serveError ServeErrorFunc) {
+// with serveError if the application gave one. It returns the status.
+func serveFailure(w http.ResponseWriter, r *http.Request, key string, err error, onError func(context.Context, string, error), serveError ServeErrorFunc) int {
 	status := http.StatusInternalServerError
 	report := true
 	switch {
@@ -90,9 +132,10 @@ func serveFailure(w http.ResponseWriter, r *http.Request, key string, err error,
 	}
 	if serveError != nil {
 		serveError(w, r, status, err)
-		return
+		return status
 	}
 	http.Error(w, http.StatusText(status), status)
+	return status
 }
 
 // served is the value a Serve sends, as httpenc.Pick sees it: what only
@@ -110,7 +153,9 @@ type served struct {
 // decompressed, the value's own bytes for a Cache of []byte or
 // json.RawMessage, or (a value just loaded, or one whose stored form this
 // package cannot decode alone, such as one written with a dictionary) the
-// value serialized again.
+// value serialized again. For a Cache of json.RawMessage, whose bytes no
+// serializer read, bytes that are not JSON are an error matching
+// ErrSerialization: Serve answers 500.
 func (s *served) Serialized() ([]byte, int, error) {
 	res := &s.res
 	var b []byte
@@ -135,8 +180,19 @@ func (s *served) Serialized() ([]byte, int, error) {
 		}
 		b, n = d, cap(d)
 	}
+	if s.c.kind.t == rawJSON && !json.Valid(bytes.TrimPrefix(b, bom)) {
+		// The serializer never read it: a json.RawMessage is the bytes
+		// stored, which anyone may have written (redis-cli SET).
+		return nil, 0, keyErr("get", s.key, serializationErr(errNotJSON))
+	}
 	return b, n, nil
 }
+
+var rawJSON = reflect.TypeFor[json.RawMessage]()
+
+// errNotJSON is the cause of a Serve of a json.RawMessage that is not
+// JSON: it is not sent as application/json.
+var errNotJSON = errors.New("the value is not JSON, so it is not served as application/json")
 
 // Kept adds the n bytes a body kept in eg to the weight of the near-cache
 // entry that holds eg.
@@ -149,7 +205,7 @@ func (s *served) Kept(eg *httpenc.Edge, n int) {
 // json.RawMessage).
 func contentType(t reflect.Type, raw bool, ser Serializer) string {
 	switch {
-	case t == reflect.TypeFor[json.RawMessage]():
+	case t == rawJSON:
 		return "application/json"
 	case raw: // []byte: bytes of any kind
 		return "application/octet-stream"

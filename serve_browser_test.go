@@ -28,7 +28,9 @@ func TestBrowserServe(t *testing.T) {
 	b := browsertest.Start(t)
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.Zstd))
+	// ZstdDefault: the stored frame is smaller than the JSON gzipped, so
+	// Chromium, which accepts zstd and gzip alike, gets the frame.
+	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.ZstdDefault))
 	ch := makeChannel(16, 128<<10)
 	if err := c.Set(ctx, "channel:16", ch); err != nil {
 		t.Fatal(err)
@@ -37,10 +39,34 @@ func TestBrowserServe(t *testing.T) {
 	if stored[0] != codec.HeaderZstd {
 		t.Fatalf("stored with header %#x, want zstd", stored[0])
 	}
+	// Two more of Serve's codings (issue 24): a frame of the fastest
+	// level, larger than the JSON gzipped, loses its tie to gzip; and a
+	// value just loaded has no frame to pass on, so one is made for the
+	// request.
+	fast := mustNew[Channel](t, rdb, packcache.WithCodec(codec.Zstd))
+	if err := fast.Set(ctx, "fast:16", ch); err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.Marshal(ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, gz := len(rawGet(t, rdb, "fast:16"))-1, len(gzipBytes(t, js)); f <= gz {
+		t.Fatalf("the fastest frame is %d bytes, gzip %d: the test needs it larger", f, gz)
+	}
+	loading := mustNew[Channel](t, rdb, packcache.WithLoader(packcache.LoaderFunc[Channel](func(context.Context, string) (Channel, error) {
+		return ch, nil
+	})))
 	mux := http.NewServeMux()
 	mux.Handle("GET /{$}", browsertest.Page)
 	mux.HandleFunc("GET /channel/{id}", func(w http.ResponseWriter, r *http.Request) {
 		c.Serve(w, r, "channel:"+r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /fast/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fast.Serve(w, r, "fast:"+r.PathValue("id"))
+	})
+	mux.HandleFunc("GET /loaded/{id}", func(w http.ResponseWriter, r *http.Request) {
+		loading.Serve(w, r, "loaded:"+r.PathValue("id"))
 	})
 	rec := browsertest.Record(mux)
 	for _, tc := range []struct {
@@ -106,6 +132,32 @@ func TestBrowserServe(t *testing.T) {
 			}
 			if resp.Status != 200 || resp.Header["content-encoding"] != "zstd" || resp.Body != seen.Text {
 				t.Errorf("Fetch: status %d, content-encoding %q, %d bytes of body", resp.Status, resp.Header["content-encoding"], len(resp.Body))
+			}
+
+			// The fastest frame against gzip, and a value just loaded
+			// (a key of its own per origin): what the server sent, and
+			// what Chromium decoded.
+			for _, path := range []string{"/fast/16", "/loaded/" + strings.TrimPrefix(tc.name, "http://")} {
+				resp, err := b.Fetch(ectx, tc.srv.URL+"/", tc.srv.URL+path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e, ok := rec.Last(path)
+				if !ok {
+					t.Fatalf("the server saw no request for %s", path)
+				}
+				want := map[bool]string{true: "gzip", false: "zstd"}[path == "/fast/16"]
+				if e.Status != 200 || e.Header.Get("Content-Encoding") != want || resp.Header["content-encoding"] != want {
+					t.Errorf("%s: the server sent status %d, Content-Encoding %q, Chromium saw %q; want 200, %s",
+						path, e.Status, e.Header.Get("Content-Encoding"), resp.Header["content-encoding"], want)
+				}
+				if len(e.Body) >= len(js)/2 {
+					t.Errorf("%s: %d bytes sent for %d of JSON", path, len(e.Body), len(js))
+				}
+				var got Channel
+				if err := json.Unmarshal([]byte(resp.Body), &got); err != nil || !reflect.DeepEqual(got, ch) {
+					t.Errorf("%s: the text Chromium decoded is not the channel's JSON (%v)", path, err)
+				}
 			}
 		})
 	}

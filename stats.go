@@ -3,6 +3,7 @@ package packcache
 import (
 	"reflect"
 	"sync/atomic"
+	"time"
 
 	"github.com/packcache/packcache/codec"
 )
@@ -28,6 +29,40 @@ type Stats struct {
 	PendingApplied uint64 // retries that landed
 	PendingExpired uint64 // dropped once the longest TTL the old value could have had had passed
 	PendingDropped uint64 // failed writes not kept, the bound being reached (their errors say so)
+
+	// Breakers holds the state of each Redis node's circuit breaker
+	// (WithCircuitBreaker), for health checks: the one node of a
+	// single-node client; on a Cluster each master a call went to,
+	// ordered by address, and, once its breaker has opened, the shared
+	// breaker (Addr "") of calls whose master was unknown.
+	Breakers []BreakerState
+
+	// Served counts Serve's responses by status and content coding, with
+	// the body bytes sent.
+	Served map[ServeResponse]ServeCount
+}
+
+// BreakerState is a Redis node's circuit breaker.
+type BreakerState struct {
+	Addr  string    // the node's address as the client names it ("FailoverClient" through Sentinel)
+	Open  bool      // open, or half open: calls to the node fail with ErrCircuitOpen but for one probe
+	Since time.Time // when it last opened or closed; if it never did, when the cache first used the node
+}
+
+// ServeResponse is a kind of response Serve wrote: its status, and, for
+// a response about a body (200, 304 and 412), the body's content coding,
+// "zstd", "gzip" or "identity"; "" for the others (404, 405, 406, 500,
+// 503: an error's status as Serve chose it, whatever WithServeError
+// wrote).
+type ServeResponse struct {
+	Status int
+	Coding string
+}
+
+// ServeCount counts Serve's responses of one kind.
+type ServeCount struct {
+	Responses uint64
+	Bytes     uint64 // body bytes written: a 200's body (none for HEAD); 0 for the others
 }
 
 // Counters counts what a cache did since it was created. Each counter is

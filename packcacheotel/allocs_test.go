@@ -32,6 +32,9 @@ func TestNoAllocs(t *testing.T) {
 		// A network error is classified without errors.As. (An error
 		// reply or a net.Error costs an allocation to classify.)
 		{"redis error", func() { o.ObserveRedis(packcache.RedisEvent{Prefix: "ch:", Node: "h:1", Err: io.EOF}) }},
+		{"serve", func() {
+			o.(packcache.ServeObserver).ObserveServe(packcache.ServeEvent{Prefix: "ch:", Status: 200, Coding: "zstd", Bytes: 24000})
+		}},
 	} {
 		c.f() // the first event of its kind builds its attribute sets
 		if n := testing.AllocsPerRun(1000, c.f); n != 0 {

@@ -61,6 +61,40 @@ type prefixSets struct {
 	}
 	codecs      table[codecSets]
 	redisErrors table[table[[]metric.AddOption]] // by node, then error.type
+
+	// Serve's responses, by status and coding: a table as above, keyed
+	// by both, so that a lookup builds no string.
+	servesMu sync.Mutex
+	serves   atomic.Pointer[map[serveKey][]metric.AddOption]
+}
+
+type serveKey struct {
+	status int
+	coding string
+}
+
+// served returns the options of Serve's responses of a status and coding
+// under this prefix.
+func (p *prefixSets) served(status int, coding string) []metric.AddOption {
+	k := serveKey{status, coding}
+	if m := p.serves.Load(); m != nil {
+		if v, ok := (*m)[k]; ok {
+			return v
+		}
+	}
+	p.servesMu.Lock()
+	defer p.servesMu.Unlock()
+	m := map[serveKey][]metric.AddOption{}
+	if old := p.serves.Load(); old != nil {
+		if v, ok := (*old)[k]; ok {
+			return v
+		}
+		m = maps.Clone(*old)
+	}
+	v := []metric.AddOption{set(with(p.attrs, keyStatus.Int(status), keyCoding.String(coding))...)}
+	m[k] = v
+	p.serves.Store(&m)
+	return v
 }
 
 // codecSets holds the options of the codec measurements of one prefix and
@@ -154,8 +188,8 @@ func (o *observer) node(addr string) *nodeSets {
 }
 
 // nodeAttributes returns server.address and server.port for a node's
-// address, or none for "" (the one node of a non-cluster client, which
-// the events do not name).
+// address, or none for "" (a Cluster's shared breaker of calls whose
+// master is unknown, or a client that names no address).
 func nodeAttributes(addr string) []attribute.KeyValue {
 	if addr == "" {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -278,22 +279,19 @@ func TestBreakerMetrics(t *testing.T) {
 	if err := c.Set(ctx, "doc:1", makeDoc("doc:1", 100)); err != nil {
 		t.Fatal(err)
 	}
-	// A client of one node: its breaker's series names the node once it
-	// has an event; before that, one series without attributes reads 0.
+	// A client of one node: its breaker's gauge is one series, naming
+	// the node (server.address and server.port, as on
+	// packcache.redis.errors and as on a Cluster) from the start.
 	breaker := func() int64 {
 		t.Helper()
 		pts := collect(t, r).gauge("packcache.breaker.open")
-		var v int64
-		for _, pt := range pts {
-			if addr, ok := pt.Attributes.Value("server.address"); ok && addr.AsString()+":"+portOf(pt) != s.Addr() {
-				t.Fatalf("breaker gauge names %s, not the server", addr.AsString())
-			}
-			v = max(v, pt.Value)
+		if len(pts) != 1 {
+			t.Fatalf("breaker gauge: %v, want the node's series alone", pts)
 		}
-		if len(pts) == 0 || len(pts) > 2 {
-			t.Fatalf("breaker gauge: %v, want the node's series", pts)
+		if addr, ok := pts[0].Attributes.Value("server.address"); !ok || addr.AsString()+":"+portOf(pts[0]) != s.Addr() {
+			t.Fatalf("breaker gauge's series %v does not name the server, %s", pts[0].Attributes.ToSlice(), s.Addr())
 		}
-		return v
+		return pts[0].Value
 	}
 	if b := breaker(); b != 0 {
 		t.Fatalf("breaker gauge %d before any failure, want 0", b)
@@ -464,4 +462,58 @@ func portOf(pt metricdata.DataPoint[int64]) string {
 		return strconv.FormatInt(v.AsInt64(), 10)
 	}
 	return ""
+}
+
+// TestServeMetrics: Serve's responses are counted by prefix, status and
+// coding, with the body bytes sent, as Stats.Served counts them (issue
+// 24, item 2).
+func TestServeMetrics(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	obs, r := newObserver(t)
+	c := newCache(t, rdb, packcache.WithObserver(obs), packcache.WithPrefix("doc:", packcache.Policy{}))
+	if err := c.Set(ctx, "doc:1", makeDoc("doc:1", 8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	serve := func(key string, header ...string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "/"+key, nil)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		rec := httptest.NewRecorder()
+		c.Serve(rec, req, key)
+		return rec
+	}
+	first := serve("doc:1", "Accept-Encoding", "zstd")
+	serve("doc:1", "Accept-Encoding", "zstd", "If-None-Match", first.Header().Get("Etag"))
+	serve("doc:2")
+	m := collect(t, r)
+	status := func(n int) attribute.KeyValue { return attribute.Int("http.response.status_code", n) }
+	coding := func(c string) attribute.KeyValue { return attribute.String("packcache.serve.coding", c) }
+	for _, tc := range []struct {
+		attrs []attribute.KeyValue
+		n     int64
+	}{
+		{[]attribute.KeyValue{prefix("doc:"), status(200), coding("zstd")}, 1},
+		{[]attribute.KeyValue{prefix("doc:"), status(304), coding("zstd")}, 1},
+		{[]attribute.KeyValue{prefix("doc:"), status(404), coding("")}, 1},
+	} {
+		if n := m.sum("packcache.serve.responses", tc.attrs...); n != tc.n {
+			t.Errorf("packcache.serve.responses%v = %d, want %d", tc.attrs, n, tc.n)
+		}
+	}
+	if n := m.sum("packcache.serve.bytes", prefix("doc:"), status(200), coding("zstd")); n != int64(first.Body.Len()) || n == 0 {
+		t.Errorf("packcache.serve.bytes = %d, want the body's %d", n, first.Body.Len())
+	}
+	if n := m.sum("packcache.serve.bytes"); n != int64(first.Body.Len()) {
+		t.Errorf("packcache.serve.bytes in all = %d, want %d: only a 200 has a body", n, first.Body.Len())
+	}
+	var st uint64
+	for _, v := range c.Stats().Served {
+		st += v.Responses
+	}
+	if n := m.sum("packcache.serve.responses"); n != 3 || st != 3 {
+		t.Errorf("%d responses recorded, Stats says %d; want 3", n, st)
+	}
 }

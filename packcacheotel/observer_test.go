@@ -259,14 +259,20 @@ func TestBreakerGauge(t *testing.T) {
 		return single, s.gauge("packcache.breaker.open", node...), s.sum("packcache.breaker.trips", node...)
 	}
 
-	// Before any event: the single node, closed.
+	// Before any event: no series. The cache tells of each node it
+	// knows, closed, with its address (issue 24: a series without
+	// server.address beside the node's own on a single node).
 	single, n, trips := state()
-	if len(single) != 1 || single[0].Value != 0 || len(n) != 0 || trips != 0 {
-		t.Fatalf("at start: single node %v, node 7001 %v, %d trips; want one closed single node", single, n, trips)
+	if len(single) != 0 || len(n) != 0 || trips != 0 {
+		t.Fatalf("at start: unnamed %v, node 7001 %v, %d trips; want nothing", single, n, trips)
+	}
+	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: "closed"})
+	if single, n, trips = state(); len(n) != 1 || n[0].Value != 0 || trips != 0 || len(single) != 0 {
+		t.Fatalf("the node known: node 7001 %v, %d trips, unnamed %v; want closed, no trip, nothing unnamed", n, trips, single)
 	}
 	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: "open"})
-	if single, n, trips = state(); len(n) != 1 || n[0].Value != 1 || trips != 1 || single[0].Value != 0 {
-		t.Fatalf("after opening: node 7001 %v, %d trips, single node %v; want open, 1 trip, single closed", n, trips, single)
+	if single, n, trips = state(); len(n) != 1 || n[0].Value != 1 || trips != 1 || len(single) != 0 {
+		t.Fatalf("after opening: node 7001 %v, %d trips, unnamed %v; want open, 1 trip, nothing unnamed", n, trips, single)
 	}
 	o.ObserveRedis(packcache.RedisEvent{Node: "10.1.2.3:7001", Breaker: "closed"})
 	if _, n, trips = state(); len(n) != 1 || n[0].Value != 0 || trips != 1 {
@@ -290,6 +296,7 @@ func TestConstantAttributes(t *testing.T) {
 	o.ObserveCodec(packcache.CodecEvent{Prefix: "a:", Codec: "zstd"})
 	o.ObserveRedis(packcache.RedisEvent{Prefix: "a:", Node: "h:1", Err: io.EOF})
 	o.ObserveRedis(packcache.RedisEvent{Node: "h:1", Breaker: "open"})
+	o.(packcache.ServeObserver).ObserveServe(packcache.ServeEvent{Prefix: "a:", Status: 200, Coding: "gzip", Bytes: 100})
 	s := collect(t, r)
 	points := 0
 	for _, sm := range s.rm.ScopeMetrics {
@@ -323,9 +330,10 @@ func TestConstantAttributes(t *testing.T) {
 		}
 	}
 	// reads, load duration and keys, codec bytes (2) and duration, redis
-	// errors, trips, the breaker gauge's two nodes and the pending gauge.
-	if points != 11 {
-		t.Errorf("%d data points, want 11", points)
+	// errors, trips, the breaker gauge's node, the pending gauge, and
+	// Serve's responses and bytes.
+	if points != 12 {
+		t.Errorf("%d data points, want 12", points)
 	}
 }
 
@@ -457,7 +465,7 @@ func TestConcurrentPrefixes(t *testing.T) {
 	if n := s.sum("packcache.redis.errors", errorType("network")); n != total {
 		t.Errorf("%d redis errors, want %d", n, total)
 	}
-	if pts := s.gauge("packcache.breaker.open"); len(pts) != 5 {
-		t.Errorf("breaker gauge has %d series, want 5 (4 nodes and the single node)", len(pts))
+	if pts := s.gauge("packcache.breaker.open"); len(pts) != 4 {
+		t.Errorf("breaker gauge has %d series, want 4, one per node", len(pts))
 	}
 }

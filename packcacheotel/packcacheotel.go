@@ -34,6 +34,10 @@
 //	                           gauge, {invalidation}
 //	                                               invalidations of failed writes the cache holds for retry (packcache.ErrPending)
 //	                                               attributes: those of WithAttributes only
+//	packcache.serve.responses  counter, {response} one per response Cache.Serve writes, as packcache.Stats.Served counts it
+//	                                               attributes: packcache.prefix, http.response.status_code, packcache.serve.coding
+//	packcache.serve.bytes      counter, By         body bytes Serve sent (a 200's body; none for HEAD)
+//	                                               attributes: packcache.prefix, http.response.status_code, packcache.serve.coding
 //
 // # Attributes
 //
@@ -56,7 +60,11 @@
 //	packcache.codec.form        "plain" (the serialized value) or "stored" (the bytes Redis holds,
 //	                            header included): stored over plain is the compression ratio
 //	server.address, server.port the Redis node: its address as the client names it ("FailoverClient"
-//	                            for a Sentinel client)
+//	                            for a Sentinel client), on a single node as on a Cluster; absent only
+//	                            for a Cluster's shared breaker of calls whose master is unknown
+//	http.response.status_code   the status Serve wrote (200, 304, 404, 412, 500, 503, ...)
+//	packcache.serve.coding      the body's content coding, "zstd", "gzip" or "identity", for a 200, 304
+//	                            or 412; "" for the others
 //	error.type                  "timeout" (the cache's Redis budget or a network timeout),
 //	                            "canceled", "network" (refused, reset, closed connections),
 //	                            "pool_timeout" (no pooled connection in time), the code of a
@@ -148,11 +156,13 @@ const (
 	keyAddress   = attribute.Key("server.address")
 	keyPort      = attribute.Key("server.port")
 	keyErrorType = attribute.Key("error.type")
+	keyStatus    = attribute.Key("http.response.status_code")
+	keyCoding    = attribute.Key("packcache.serve.coding")
 )
 
 var ownKeys = map[attribute.Key]bool{
 	keyPrefix: true, keyOutcome: true, keyShared: true, keyNear: true, keyCodec: true, keyDirection: true,
-	keyForm: true, keyAddress: true, keyPort: true, keyErrorType: true,
+	keyForm: true, keyAddress: true, keyPort: true, keyErrorType: true, keyStatus: true, keyCoding: true,
 }
 
 // Bucket boundaries, in seconds. Loads call databases and services: a
@@ -173,6 +183,8 @@ type observer struct {
 	codecTime   metric.Float64Histogram
 	redisErrors metric.Int64Counter
 	trips       metric.Int64Counter
+	responses   metric.Int64Counter
+	sent        metric.Int64Counter
 
 	base     []attribute.KeyValue // the constant attributes, from WithAttributes
 	prefixes table[prefixSets]    // by prefix
@@ -187,6 +199,9 @@ type observer struct {
 // NewObserver returns a packcache.Observer that records the cache's events
 // as the instruments listed in the package documentation. Pass it to
 // packcache.WithObserver.
+//
+// The Observer is also a packcache.ServeObserver: the cache tells it of
+// Serve's responses.
 func NewObserver(opts ...Option) (packcache.Observer, error) {
 	var cfg config
 	for _, o := range opts {
@@ -199,7 +214,7 @@ func NewObserver(opts ...Option) (packcache.Observer, error) {
 	}
 	m := cfg.mp.Meter(ScopeName)
 	o := &observer{base: cfg.attrs, open: map[*nodeSets]bool{}}
-	var errs [9]error
+	var errs [11]error
 	o.reads, errs[0] = m.Int64Counter("packcache.reads", metric.WithUnit("{read}"),
 		metric.WithDescription("Reads of the cache, one per caller or per key of a batch, by what the caller got."))
 	o.loadTime, errs[1] = m.Float64Histogram("packcache.load.duration", metric.WithUnit("s"),
@@ -224,14 +239,26 @@ func NewObserver(opts ...Option) (packcache.Observer, error) {
 			obs.Observe(o.pending.Load(), metric.WithAttributes(o.base...))
 			return nil
 		}))
+	o.responses, errs[9] = m.Int64Counter("packcache.serve.responses", metric.WithUnit("{response}"),
+		metric.WithDescription("Responses Cache.Serve wrote, by status and content coding."))
+	o.sent, errs[10] = m.Int64Counter("packcache.serve.bytes", metric.WithUnit("By"),
+		metric.WithDescription("Body bytes Cache.Serve sent, by status and content coding."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("packcacheotel: creating instruments: %w", err)
 	}
-	// The single node of a non-cluster client (and, on a cluster, the
-	// breaker of keys whose master is unknown) is "": report it closed
-	// from the start, so that an alert on the gauge has a series to watch.
-	o.open[o.node("")] = false
+	// The gauge has a series per node from the start: the cache tells of
+	// each node it knows, closed, with its address (a single node's as
+	// the cache is made, a Cluster master's at its first call).
 	return o, nil
+}
+
+// ObserveServe counts one response of Cache.Serve.
+func (o *observer) ObserveServe(e packcache.ServeEvent) {
+	s := o.prefix(e.Prefix).served(e.Status, e.Coding)
+	o.responses.Add(context.Background(), 1, s...)
+	if e.Bytes > 0 {
+		o.sent.Add(context.Background(), int64(e.Bytes), s...)
+	}
 }
 
 // ObserveRead counts one reader's outcome.

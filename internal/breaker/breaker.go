@@ -18,7 +18,11 @@ type Config struct {
 }
 
 // A Notifier is told when a node's breaker opens or closes, in the order
-// it does. addr is "" on a single-node client.
+// it does, and once, closed, when a node with an address is first known
+// (a single-node client's when Nodes are made, a Cluster master's when a
+// call first goes to it), so that every node it will hear of has a state
+// from the start. addr is "" for the shared node of a client with no
+// address of its own, and for a Cluster's calls whose master is unknown.
 type Notifier interface {
 	BreakerChanged(addr string, open bool)
 }
@@ -48,6 +52,7 @@ type Node struct {
 	watched atomic.Int64                 // the node's connections that report (conn.go)
 	pool    atomic.Pointer[redis.Client] // the node's client, for its pool's size; nil: unknown
 	opened  atomic.Int64                 // unix nanoseconds the breaker last opened
+	since   atomic.Int64                 // unix nanoseconds it last opened or closed, or the node was made
 
 	ticks   ticks         // the shared ends of the budgets of calls to the node
 	slots   chan struct{} // one per call in flight to the node; nil: no bound
@@ -55,8 +60,19 @@ type Node struct {
 	waiting atomic.Int64  // calls waiting for a slot
 }
 
-// Addr is the node's address: "" on a single-node client.
+// Addr is the node's address as the client names it ("FailoverClient"
+// through Sentinel); "" for the shared node of a client with no address
+// of its own, and on a Cluster for calls whose master is unknown.
 func (b *Node) Addr() string { return b.addr }
+
+// State reports whether the breaker is open (half open included: calls
+// fail until a probe succeeds), and since when: the time it last opened
+// or closed, or, if it never did, the time the node was made.
+func (b *Node) State() (open bool, since time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.openUntil.Load() != 0, time.Unix(0, b.since.Load())
+}
 
 // A Slot is a call's turn at a node, taken by Enter and given back by
 // Leave.
@@ -162,6 +178,7 @@ func (b *Node) success() {
 		b.mu.Lock()
 		if b.openUntil.Swap(0) != 0 {
 			b.probeAt.Store(0)
+			b.since.Store(time.Now().UnixNano())
 			b.changed(false)
 		}
 		b.mu.Unlock()
@@ -195,10 +212,24 @@ func (b *Node) open() {
 	old := b.openUntil.Swap(now.Add(b.cfg.Cooldown).UnixNano())
 	if old == 0 {
 		b.opened.Store(now.UnixNano())
+		b.since.Store(now.UnixNano())
 	}
 	b.probeAt.Store(0)
 	if old == 0 {
 		b.changed(true)
+	}
+	b.mu.Unlock()
+}
+
+// known tells the notifier of a node just made, closed, if it has an
+// address; under mu, so that an opening that follows is told after it.
+func (b *Node) known() {
+	if b.addr == "" {
+		return
+	}
+	b.mu.Lock()
+	if b.openUntil.Load() == 0 {
+		b.changed(false)
 	}
 	b.mu.Unlock()
 }

@@ -250,3 +250,57 @@ func TestTicksAreSharedAndAbort(t *testing.T) {
 		t.Fatal("a budget begun after the abort is over already")
 	}
 }
+
+// addrEvents records the addresses a Notifier is told of, with the state.
+type addrEvents struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (e *addrEvents) BreakerChanged(addr string, open bool) {
+	e.mu.Lock()
+	e.got = append(e.got, addr+map[bool]string{true: " open", false: " closed"}[open])
+	e.mu.Unlock()
+}
+
+// TestStateAndKnown: a single-node client's node is told closed, with its
+// address, as Nodes are made; State says open or closed and since when,
+// the time of the last change (issue 24: Stats.Breakers, and the same
+// labels on one node as on a Cluster).
+func TestStateAndKnown(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	ev := &addrEvents{}
+	made := time.Now()
+	n := New(rdb, Config{Failures: 1, Cooldown: time.Hour}, ev, time.Second)
+	if !slices.Equal(ev.got, []string{"127.0.0.1:1 closed"}) {
+		t.Fatalf("told %q as Nodes were made, want the node closed", ev.got)
+	}
+	var nodes []*Node
+	n.Each(func(b *Node) { nodes = append(nodes, b) })
+	if len(nodes) != 1 || nodes[0] != n.One() || nodes[0].Addr() != "127.0.0.1:1" {
+		t.Fatalf("Each: %v, want the one node", nodes)
+	}
+	b := n.One()
+	open, since := b.State()
+	if open || since.Before(made.Add(-time.Second)) || since.After(time.Now()) {
+		t.Errorf("State: open %v since %v, want closed since it was made (%v)", open, since, made)
+	}
+	b.Feed(Failed)
+	open, opened := b.State()
+	if !open || opened.Before(since) {
+		t.Errorf("after a failure: open %v since %v, want open since then", open, opened)
+	}
+	b.Feed(Failed) // open already: its cool-down starts again, not its state
+	if _, again := b.State(); !again.Equal(opened) {
+		t.Errorf("a failure while open moved since from %v to %v", opened, again)
+	}
+	b.Feed(Healthy)
+	open, closed := b.State()
+	if open || closed.Before(opened) {
+		t.Errorf("after a success: open %v since %v, want closed since then", open, closed)
+	}
+	if !slices.Equal(ev.got, []string{"127.0.0.1:1 closed", "127.0.0.1:1 open", "127.0.0.1:1 closed"}) {
+		t.Errorf("told %q", ev.got)
+	}
+}

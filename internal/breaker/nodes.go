@@ -2,6 +2,8 @@ package breaker
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,11 +36,13 @@ func New(rdb redis.UniversalClient, cfg Config, notify Notifier, budget time.Dur
 	case *redis.ClusterClient:
 		n.pool = c.Options().PoolSize
 	}
-	n.init(&n.one, "")
+	addr := ""
 	if c, ok := rdb.(*redis.Client); ok {
-		n.one.addr = c.Options().Addr // "FailoverClient" through Sentinel
+		addr = c.Options().Addr // "FailoverClient" through Sentinel
 		n.one.pool.Store(c)
 	}
+	n.init(&n.one, addr)
+	n.one.known()
 	return n
 }
 
@@ -54,9 +58,11 @@ func (n *Nodes) Close() {
 	}
 }
 
-// init readies a node.
+// init readies a node. The caller tells the notifier of it (known) once
+// it is in use.
 func (n *Nodes) init(b *Node, addr string) {
 	b.cfg, b.notify, b.addr = n.cfg, n.notify, addr
+	b.since.Store(time.Now().UnixNano())
 	b.ticks.step = n.step
 	if n.pool > 0 {
 		r := n.pool / 4
@@ -114,8 +120,34 @@ func (n *Nodes) forAddr(addr string) *Node {
 	}
 	nb := &Node{}
 	n.init(nb, addr)
-	b, _ := n.byAddr.LoadOrStore(addr, nb)
+	b, loaded := n.byAddr.LoadOrStore(addr, nb)
+	if !loaded {
+		nb.known()
+	}
 	return b.(*Node)
+}
+
+// Each calls f with each node the cache has a state for: the node of a
+// single-node client; on a Cluster each master a call went to, ordered
+// by address, and the shared node of calls whose master is unknown if
+// its breaker ever opened.
+func (n *Nodes) Each(f func(*Node)) {
+	if n.cluster == nil {
+		f(&n.one)
+		return
+	}
+	if n.one.opened.Load() != 0 {
+		f(&n.one)
+	}
+	var masters []*Node
+	n.byAddr.Range(func(_, b any) bool {
+		masters = append(masters, b.(*Node))
+		return true
+	})
+	slices.SortFunc(masters, func(a, b *Node) int { return strings.Compare(a.addr, b.addr) })
+	for _, b := range masters {
+		f(b)
+	}
 }
 
 // Waiting is the number of calls waiting for a slot, over every node.

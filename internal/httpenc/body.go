@@ -19,16 +19,29 @@ type Body struct {
 	etag   string
 }
 
+// Coding is the body's content coding, "zstd", "gzip" or "identity"; ""
+// for none (a nil Body: nothing acceptable).
+func (b *Body) Coding() string {
+	switch {
+	case b == nil:
+		return ""
+	case b.coding == "":
+		return "identity"
+	}
+	return b.coding
+}
+
 // noBody is the answer for a body that cannot be made: a stored value
 // that is not a zstd frame browsers take, or a serialized value too small
-// to gzip or that gzip does not shrink. An Edge keeps it like a body, so
+// to compress or that the coding does not shrink. An Edge keeps it like a body, so
 // that the attempt is not made again.
 var noBody = &Body{}
 
-// gzipMin is the smallest serialized value sent gzipped: below it a
-// response fits a packet or two either way, and gzip's 18 bytes of
-// framing eat much of the gain.
-const gzipMin = 1 << 10
+// compressMin is the smallest serialized value Serve compresses (gzip, or
+// zstd for a value with no stored form): below it a response fits a
+// packet or two either way, and the framing eats much of the gain. It is
+// the cache's default compression threshold.
+const compressMin = 1 << 10
 
 // webZstdWindow is the largest window a zstd frame sent as
 // Content-Encoding may need: RFC 9659 lets decoders refuse more, and
@@ -88,4 +101,28 @@ func gzipBody(plain []byte) (*Body, int, error) {
 	}
 	b := buf.Bytes()
 	return &Body{b: b, coding: "gzip", etag: etag(b, "gzip")}, cap(b), nil
+}
+
+// webZstd is the encoder of the zstd bodies made from a serialized value:
+// frames browsers take (no dictionary, a window of at most
+// webZstdWindow), at zstd's default level, which compresses about as fast
+// as gzip's default and smaller.
+var webZstd = sync.OnceValue(func() *zstd.Encoder {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithWindowSize(webZstdWindow),
+		zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		panic("httpenc: zstd encoder: " + err.Error()) // the options are constants
+	}
+	return enc
+})
+
+// zstdMade returns plain compressed with zstd as a body, for a value with
+// no stored frame to pass on, or noBody if zstd does not make it smaller,
+// and the bytes allocated.
+func zstdMade(plain []byte) (*Body, int, error) {
+	b := webZstd().EncodeAll(plain, make([]byte, 0, len(plain)/3+64))
+	if len(b) >= len(plain) {
+		return noBody, 0, nil
+	}
+	return &Body{b: b, coding: "zstd", etag: etag(b, "zstd")}, cap(b), nil
 }

@@ -3,6 +3,7 @@ package httpenc
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/base64"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -29,6 +30,20 @@ func document(n int) []byte {
 		b.WriteByte(' ')
 	}
 	return []byte(b.String()[:n])
+}
+
+// farRepeats returns n bytes of JSON made of one string of 4 KiB of
+// base64 noise, repeated: gzip's 32 KiB window finds the repeats, a zstd
+// window of 1 KiB does not.
+func farRepeats(n int) []byte {
+	chunk := `"` + base64.StdEncoding.EncodeToString(noise(3<<10)) + `",`
+	var b strings.Builder
+	b.WriteString("[")
+	for b.Len() < n-len(chunk)-2 {
+		b.WriteString(chunk)
+	}
+	b.WriteString(`""]`)
+	return []byte(b.String())
 }
 
 // noise returns n bytes gzip cannot shrink.

@@ -21,13 +21,15 @@ func etag(b []byte, coding string) string {
 	return string(append(tag, '"'))
 }
 
-// etagMatch reports whether an If-None-Match field lists tag, or is "*"
-// (RFC 9110, section 13.1.2: weak comparison).
-func etagMatch(values []string, tag string) bool {
+// etagMatch reports whether an If-None-Match or If-Match field lists tag,
+// or is "*" (RFC 9110, section 13.1.2 and 13.1.1): by weak comparison
+// (If-None-Match), or, if strong, by strong comparison (If-Match), which a
+// weak tag ("W/...") never passes.
+func etagMatch(values []string, tag string, strong bool) bool {
 	for _, v := range values {
 		for t := range strings.SplitSeq(v, ",") {
 			t = strings.TrimSpace(t)
-			if t == "*" || strings.TrimPrefix(t, "W/") == tag {
+			if t == "*" || t == tag || !strong && strings.TrimPrefix(t, "W/") == tag {
 				return true
 			}
 		}

@@ -65,7 +65,7 @@ func TestETagMatch(t *testing.T) {
 		{[]string{`W/"abc"-gzip`}, false}, // not a tag
 		{[]string{`"ABC-GZIP"`}, false},   // tags are case-sensitive
 	} {
-		if got := etagMatch(tc.values, tag); got != tc.want {
+		if got := etagMatch(tc.values, tag, false); got != tc.want {
 			t.Errorf("If-None-Match %q: %v, want %v", tc.values, got, tc.want)
 		}
 	}

@@ -3,10 +3,13 @@ package httpenc
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // source is a Source that counts what Pick asks of it.
@@ -105,8 +108,17 @@ func TestPickCodings(t *testing.T) {
 				if !bytes.Equal(b.b, stored[1:]) {
 					t.Errorf("Accept-Encoding %q: the body is not the stored frame", tc.accept)
 				}
-				if n := src.serialized.Load(); n != 0 {
+				// A tie with gzip serializes the value to compare, once
+				// per value without an Edge (frameWins), once per Edge
+				// with one.
+				if n := src.serialized.Load(); n > 1 {
 					t.Errorf("Accept-Encoding %q: the stored frame serialized the value %d times", tc.accept, n)
+				}
+				if again := pick(t, stored, eg, src, tc.accept...); again.coding != "zstd" {
+					t.Errorf("Accept-Encoding %q: %s the second time", tc.accept, describe(again))
+				}
+				if n := src.serialized.Load(); n > 1 {
+					t.Errorf("Accept-Encoding %q: a second pick serialized the value again (%d times in all)", tc.accept, n)
 				}
 			}
 			got := decode(t, b)
@@ -118,12 +130,12 @@ func TestPickCodings(t *testing.T) {
 }
 
 // TestPickNotPassedThrough: a stored value that is not a zstd frame
-// browsers take (here: none, a value just loaded; and LZ4) gets gzip or
-// identity, even from a client that prefers zstd.
+// browsers take (here LZ4) gets gzip or identity, even from a client that
+// prefers zstd. (A value with no stored form is TestPickMadeOnTheFly.)
 func TestPickNotPassedThrough(t *testing.T) {
 	plain := document(64 << 10)
 	lz4 := append([]byte{0x02}, plain...)
-	for _, stored := range [][]byte{nil, lz4} {
+	for _, stored := range [][]byte{lz4} {
 		src := &source{plain: plain}
 		if b := pick(t, stored, nil, src, "zstd, gzip"); b == nil || b.coding != "gzip" {
 			t.Errorf("stored %.1q, zstd and gzip: %+.20v, want gzip", stored, b)
@@ -146,8 +158,8 @@ func TestPickGzipMin(t *testing.T) {
 	}{
 		{document(10), ""},
 		{document(1000), ""},
-		{document(gzipMin - 1), ""},
-		{document(gzipMin), "gzip"},
+		{document(compressMin - 1), ""},
+		{document(compressMin), "gzip"},
 		{document(2000), "gzip"},
 		{noise(4 << 10), ""},
 	} {
@@ -297,5 +309,136 @@ func BenchmarkPick(b *testing.B) {
 		if body, err := Pick(r, nil, eg, src); err != nil || body.coding != "zstd" {
 			b.Fatal(body, err)
 		}
+	}
+}
+
+// TestPickTieSmaller: among codings of equal q, the smaller body is sent,
+// as Serve's doc promises: a stored frame larger than the value gzipped
+// (here one with a 1 KiB window) loses to gzip, while a frame smaller
+// than it wins; with or without an Edge. A coding of higher q
+// still wins whatever its size.
+func TestPickTieSmaller(t *testing.T) {
+	plain := farRepeats(64 << 10)
+	gz, _, err := gzipBody(plain)
+	if err != nil || gz == noBody {
+		t.Fatalf("gzip: %v", err)
+	}
+	// A window of 1 KiB cannot reach repeats 4 KiB apart, which gzip's
+	// 32 KiB window finds.
+	poor := storedZstd(t, plain, zstd.WithWindowSize(zstd.MinWindowSize))
+	good := storedZstd(t, plain)
+	if len(poor)-1 <= len(gz.b) || len(good)-1 >= len(gz.b) {
+		t.Fatalf("frames of %d and %d bytes against gzip's %d: the test needs one larger, one smaller", len(poor)-1, len(good)-1, len(gz.b))
+	}
+	for _, tc := range []struct {
+		stored []byte
+		accept string
+		want   string
+	}{
+		{poor, "zstd, gzip", "gzip"},
+		{poor, "gzip, deflate, br, zstd", "gzip"}, // Chromium's
+		{poor, "*", "gzip"},
+		{poor, "zstd;q=0.5, gzip;q=0.5, identity;q=0.5", "gzip"},
+		{poor, "zstd, gzip;q=0.9", "zstd"}, // a higher q wins
+		{good, "zstd, gzip", "zstd"},
+		{good, "gzip, zstd", "zstd"},
+		{good, "*", "zstd"},
+	} {
+		for _, eg := range []*Edge{nil, NewEdge(tc.stored)} {
+			b := pick(t, tc.stored, eg, &source{plain: plain}, tc.accept)
+			if b == nil || b.coding != tc.want {
+				t.Errorf("frame of %d bytes, gzip %d, Accept-Encoding %q, edge %v: %s, want %s", len(tc.stored)-1, len(gz.b), tc.accept, eg != nil, describe(b), tc.want)
+				continue
+			}
+			if !bytes.Equal(decode(t, b), plain) {
+				t.Errorf("Accept-Encoding %q: the body does not decode to the value", tc.accept)
+			}
+		}
+	}
+}
+
+// TestPickMadeOnTheFly: a value with no stored form (just loaded, or read
+// while Redis fails) is compressed for the client: zstd when it asks for
+// zstd alone, a frame browsers take (no dictionary, window within 8 MiB),
+// from the threshold on; below it, or for noise zstd cannot shrink, the
+// value as it is. A stored value that is not a zstd frame is still never
+// re-encoded as zstd.
+func TestPickMadeOnTheFly(t *testing.T) {
+	for _, tc := range []struct {
+		plain []byte
+		want  string
+	}{
+		{document(90 << 10), "zstd"},
+		{bytes.Repeat(document(1<<20), 9), "zstd"}, // over a browser's window
+		{document(compressMin), "zstd"},
+		{document(compressMin - 1), ""},
+		{noise(8 << 10), ""},
+	} {
+		for _, eg := range []*Edge{nil, NewEdge(nil)} {
+			src := &source{plain: tc.plain, alloc: len(tc.plain)}
+			b := pick(t, nil, eg, src, "zstd")
+			if b == nil || b.coding != tc.want {
+				t.Errorf("%d bytes: %s, want a body in %q", len(tc.plain), describe(b), tc.want)
+				continue
+			}
+			if !bytes.Equal(decode(t, b), tc.plain) {
+				t.Errorf("%d bytes: the body does not decode to the value", len(tc.plain))
+			}
+			if b.coding != "zstd" {
+				continue
+			}
+			if len(b.b) >= len(tc.plain) || b.etag != etag(b.b, "zstd") {
+				t.Errorf("%d bytes: a zstd body of %d bytes, tag %s", len(tc.plain), len(b.b), b.etag)
+			}
+			// The browsers' rule, as zstdBody applies it to stored frames.
+			if zstdBody(append([]byte{0x04}, b.b...)) == noBody {
+				t.Errorf("%d bytes: a frame browsers refuse", len(tc.plain))
+			}
+			if eg != nil {
+				if again := pick(t, nil, eg, src, "zstd"); again != b {
+					t.Errorf("%d bytes: the Edge did not keep the zstd body", len(tc.plain))
+				}
+			}
+		}
+	}
+	plain := document(64 << 10)
+	lz4 := append([]byte{0x02}, plain...)
+	if b := pick(t, lz4, nil, &source{plain: plain}, "zstd"); b == nil || b.coding != "" {
+		t.Errorf("an LZ4 value, zstd alone: %s, want identity", describe(b))
+	}
+}
+
+// describe names a body for a test's message: its coding and size.
+func describe(b *Body) string {
+	if b == nil {
+		return "no body"
+	}
+	return fmt.Sprintf("%d bytes in %q", len(b.b), b.coding)
+}
+
+// BenchmarkPickTie: a browser's request (zstd and gzip alike) for a
+// 128 KB value without an Edge: a stored frame smaller than gzip, found
+// so once and remembered (frameWins), against one larger, which costs a
+// gzip per request.
+func BenchmarkPickTie(b *testing.B) {
+	plain := document(128 << 10)
+	for _, bc := range []struct {
+		name   string
+		stored []byte
+	}{
+		{"frame-smaller", storedZstd(b, plain, zstd.WithEncoderLevel(zstd.SpeedBestCompression))},
+		{"gzip-smaller", storedZstd(b, plain, zstd.WithWindowSize(zstd.MinWindowSize), zstd.WithEncoderLevel(zstd.SpeedFastest))},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			src := &source{plain: plain}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("Accept-Encoding", "gzip, deflate, br, zstd")
+			b.ReportAllocs()
+			for b.Loop() {
+				if body, err := Pick(r, bc.stored, nil, src); err != nil || body == nil {
+					b.Fatal(body, err)
+				}
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // bodies returns a body in each coding Serve sends.
@@ -148,5 +149,79 @@ func TestCheckMethod(t *testing.T) {
 		case !ok && (w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != "GET, HEAD"):
 			t.Errorf("%s: status %d, Allow %q", m, w.Code, w.Header().Get("Allow"))
 		}
+	}
+}
+
+// TestWritePreconditions: If-Match, If-Unmodified-Since, If-None-Match and
+// If-Modified-Since are evaluated as net/http's ServeContent evaluates
+// them for the same entity tag and Last-Modified (RFC 9110, section
+// 13.2.2): a failed If-Match, or without If-Match a failed
+// If-Unmodified-Since, is 412 whatever If-None-Match says; then a
+// matching If-None-Match is 304, and without If-None-Match a passed
+// If-Modified-Since is too. The dates apply only when the application
+// set Last-Modified, as ServeContent ignores them without a modification
+// time.
+func TestWritePreconditions(t *testing.T) {
+	b := bodies(t)["zstd"]
+	other := `"other"`
+	mod := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	date := func(d time.Duration) string { return mod.Add(d).Format(http.TimeFormat) }
+	values := map[string][]string{
+		"If-Match":            {"", b.etag, "W/" + b.etag, other, other + ", " + b.etag, "*"},
+		"If-None-Match":       {"", b.etag, "W/" + b.etag, other, "*"},
+		"If-Unmodified-Since": {"", date(-time.Hour), date(0), date(time.Hour), "not a date"},
+		"If-Modified-Since":   {"", date(-time.Hour), date(0), date(time.Hour)},
+	}
+	statuses := map[int]int{}
+	for _, lastModified := range []string{"", date(0)} {
+		for _, im := range values["If-Match"] {
+			for _, inm := range values["If-None-Match"] {
+				for _, ius := range values["If-Unmodified-Since"] {
+					for _, ims := range values["If-Modified-Since"] {
+						for _, method := range []string{"GET", "HEAD"} {
+							var hdr []string
+							for k, v := range map[string]string{"If-Match": im, "If-None-Match": inm, "If-Unmodified-Since": ius, "If-Modified-Since": ims} {
+								if v != "" {
+									hdr = append(hdr, k, v)
+								}
+							}
+							set := http.Header{}
+							if lastModified != "" {
+								set.Set("Last-Modified", lastModified)
+							}
+							got := write(method, b, set, hdr...)
+
+							// ServeContent with the same validators.
+							r := httptest.NewRequest(method, "/k", nil)
+							for i := 0; i+1 < len(hdr); i += 2 {
+								r.Header.Set(hdr[i], hdr[i+1])
+							}
+							want := httptest.NewRecorder()
+							want.Header().Set("Etag", b.etag)
+							var modtime time.Time
+							if lastModified != "" {
+								modtime = mod
+							}
+							http.ServeContent(want, r, "", modtime, bytes.NewReader(b.b))
+							statuses[want.Code]++
+							if got.Code != want.Code {
+								t.Errorf("%s, Last-Modified %q, %q: status %d, ServeContent's %d", method, lastModified, hdr, got.Code, want.Code)
+								continue
+							}
+							if got.Code == http.StatusOK {
+								continue
+							}
+							if got.Body.Len() != 0 || got.Header().Get("Etag") != b.etag || got.Header().Get("Content-Length") != "" ||
+								got.Header().Get("Content-Encoding") != "" || got.Header().Get("Content-Type") != "" {
+								t.Errorf("%s, %q: status %d with %d bytes and headers %v", method, hdr, got.Code, got.Body.Len(), got.Header())
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	if statuses[http.StatusPreconditionFailed] == 0 || statuses[http.StatusNotModified] == 0 || statuses[http.StatusOK] == 0 {
+		t.Errorf("statuses seen: %v; want 200, 304 and 412 among them", statuses)
 	}
 }
