@@ -387,7 +387,9 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := protect(ctx, fn, keys, callLoadFunc)
 	opts := loadingOf(ctx).storeOptions()
-	stop()
+	// The keeper goes on until the stores are done (the deferred stop): on
+	// a saturated machine a store can wait for a connection longer than a
+	// lease lives, and a lease that died meanwhile would refuse it.
 	p0 := l.jobs[loading[0]].p
 	if !live() || ctx.Err() != nil {
 		// Past the load timeout (or Close): the callers have, or are
@@ -522,10 +524,10 @@ func (l *loadRun) fail(ctx context.Context, i int, err error) {
 	j.res, j.err = result{}, err
 }
 
-// keep keeps the leases the load holds alive while its loader runs (see
-// keeper), and returns the function that stops it: a lease lives as long
-// as its load, and dies within leaseTTL of the load's end, or of its
-// context's.
+// keep keeps the leases the load holds alive while its loader runs and
+// its values are stored (see keeper), and returns the function that stops
+// it: a lease lives as long as its load, and dies within leaseTTL of the
+// load's end, or of its context's.
 func (l *loadRun) keep(ctx context.Context) (stop func()) {
 	var keys, leases []string
 	for i := range l.jobs {
