@@ -11,6 +11,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/packcache/packcache/internal/heapsize"
 	"github.com/packcache/packcache/internal/httpenc"
 	"github.com/packcache/packcache/internal/tracking"
 )
@@ -21,10 +22,13 @@ import (
 // default.
 type LocalCache struct {
 	// MaxBytes bounds the estimated bytes of the entries held, 64 MiB by
-	// default: an entry weighs its serialized length plus its key's and a
-	// small overhead, and, once Serve has served a key of the near cache,
-	// also the value as stored and the bodies Serve made from it (see
-	// Cache.Serve). Entries are evicted by the W-TinyLFU policy of
+	// default: an entry weighs the heap its decoded value keeps alive
+	// (estimated by walking it once, when it is kept: strings, backing
+	// arrays by capacity, maps, boxed values, pointers, each rounded as
+	// the allocator rounds it), or with WithDecodePerCaller its serialized
+	// copy, plus its key's length and a small overhead, and, once Serve
+	// has served a key of the near cache, also the value as stored and the
+	// bodies Serve made from it (see Cache.Serve). Entries are evicted by the W-TinyLFU policy of
 	// github.com/maypok86/otter/v2 once the total passes it. As a Policy's
 	// Local, Off turns the near cache off for the prefix.
 	MaxBytes int64
@@ -194,31 +198,51 @@ func (n *near) get(key string) (nearEntry, bool) {
 
 // put keeps r as key's value if nothing invalidated key since ticket was
 // taken (before the read that produced r was sent), nor any of its
-// groups since gt was. size is the value's serialized length; until, if
-// not zero, is when the entry must end.
-func (n *near) put(key string, t ticket, gt groupTickets, r result, size int, until time.Time) {
+// groups since gt was. until, if not zero, is when the entry must end.
+func (n *near) put(key string, t ticket, gt groupTickets, r result, until time.Time) {
 	if !n.gate.Admits(key) || !n.marks.valid(key, t) || !n.marks.groupsValid(gt) {
 		return
 	}
-	w := len(key) + size + entryOverhead
 	var eg *httpenc.Edge
+	var stored int64
 	if n.edged.Load() && r.stored != "" {
 		eg = httpenc.NewEdge(bytesOf(r.stored))
-		w += len(r.stored)
+		stored = int64(len(r.stored))
 	}
-	if int64(w) > n.lc.MaxBytes {
+	w, ok := n.weigh(key, r, gt, stored)
+	if !ok {
 		return
 	}
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
 		until = most
 	}
-	e := nearEntry{val: r.val, data: r.data, edge: eg, groups: gt, weight: uint32(min(w, 1<<32-1)), expires: int64(until.Sub(n.gate.Epoch()))}
+	e := nearEntry{val: r.val, data: r.data, edge: eg, groups: gt, weight: uint32(w), expires: int64(until.Sub(n.gate.Epoch()))}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.
 	if !n.marks.valid(key, t) || !n.marks.groupsValid(gt) {
 		n.entries.Invalidate(key)
 	}
+}
+
+// weigh returns what an entry of key keeping r and gt weighs, and stored
+// bytes of the value as Redis holds it besides (for Serve), unless that is
+// over the near cache's bound. An entry weighs the heap it keeps alive:
+// its key, its overhead, its groups' marks, and the decoded value (as
+// internal/heapsize estimates it: a decoded document is often several
+// times its serialized length) or the serialized copy each caller decodes
+// its own from. The value is weighed once, here; its walk stops as soon
+// as it cannot fit.
+func (n *near) weigh(key string, r result, gt groupTickets, stored int64) (int64, bool) {
+	w := int64(len(key)+entryOverhead) + stored
+	w += heapsize.Alloc(uintptr(cap(gt.stripes))*4, false) + heapsize.Alloc(uintptr(cap(gt.vals))*8, false)
+	if r.data != nil {
+		w += heapsize.Bytes(r.data)
+	}
+	if r.val != nil && w <= n.lc.MaxBytes {
+		w += heapsize.Of(r.val, n.lc.MaxBytes-w)
+	}
+	return w, w <= n.lc.MaxBytes && w <= 1<<32-1
 }
 
 // grow adds by bytes to the weight of key's entry, if it is still the one
@@ -363,7 +387,7 @@ func (c *cache) keepNear(key string, p *policy, t ticket, j judgement) {
 			return
 		}
 	}
-	p.near.put(key, t, j.marks, j.r, j.r.size, until)
+	p.near.put(key, t, j.marks, j.r, until)
 }
 
 // A change says how keys changed in Redis, which decides what of this
