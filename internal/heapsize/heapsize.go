@@ -47,7 +47,7 @@ func Of(v any, limit int64) int64 {
 	if limit <= 0 {
 		w.limit = 1<<63 - 1
 	}
-	w.iface(reflect.ValueOf(v), 0)
+	w.anyValue(v, 0)
 	return w.n
 }
 
@@ -188,14 +188,69 @@ func (w *walker) value(v reflect.Value, depth int) {
 		w.add(Alloc(et.Size(), infoOf(et).pointers))
 		w.value(v.Elem(), depth+1)
 	case reflect.Interface:
-		if !v.IsNil() {
+		switch {
+		case v.IsNil():
+		case v.NumMethod() == 0 && v.CanInterface():
+			w.anyValue(v.Interface(), depth+1) // the value held, not a copy
+		default:
 			w.iface(v.Elem(), depth+1)
 		}
 	case reflect.Map:
-		if v.IsNil() || !w.once(v.UnsafePointer()) {
+		// Not checked against the maps met already: decoders make no
+		// shared maps, and a map met twice is counted twice, erring on
+		// the side of more. A map that holds itself is stopped by the
+		// limit or the depth.
+		if !v.IsNil() {
+			w.mapValue(v, depth)
+		}
+	}
+}
+
+// anyValue counts what an interface holding x reaches, for the types
+// decoders put in an any (maps of strings to any, slices of any, strings,
+// numbers, booleans) without reflection, which costs several times more
+// per node of such a tree; other types through reflection.
+func (w *walker) anyValue(x any, depth int) {
+	if depth > maxDepth || w.full() {
+		return
+	}
+	switch x := x.(type) {
+	case nil, bool, int8, uint8:
+		// Single bytes are boxed in the runtime's static memory.
+	case string:
+		w.add(Alloc(16, true) + Alloc(uintptr(len(x)), false))
+	case float64, int64, uint64, int, uint:
+		w.add(Alloc(8, false))
+	case float32, int32, uint32:
+		w.add(Alloc(4, false))
+	case int16, uint16:
+		w.add(Alloc(2, false))
+	case map[string]any:
+		if x == nil {
 			return
 		}
-		w.mapValue(v, depth)
+		w.add(mapBytes(len(x), 16, 16, true))
+		for k, e := range x {
+			if w.full() {
+				return
+			}
+			w.add(Alloc(uintptr(len(k)), false))
+			w.anyValue(e, depth+1)
+		}
+	case []any:
+		w.add(Alloc(24, true)) // the slice's box
+		if x == nil {
+			return
+		}
+		w.add(Alloc(uintptr(cap(x))*16, true))
+		for _, e := range x {
+			if w.full() {
+				return
+			}
+			w.anyValue(e, depth+1)
+		}
+	default:
+		w.iface(reflect.ValueOf(x), depth)
 	}
 }
 
@@ -227,33 +282,8 @@ func (w *walker) mapValue(v reflect.Value, depth int) {
 		w.add(int64(n) * Alloc(es, ei.pointers))
 		es = 8
 	}
-	slot := align(ks, uintptr(kt.Align())) + es
-	slot = align(slot, uintptr(max(kt.Align(), et.Align())))
-	group := 8 + groupSlots*slot
-	pointers := ki.pointers || ei.pointers || kIndirect || eIndirect
-	w.add(Alloc(mapHeader, true))
-	switch {
-	case n == 0:
-		// A map made without a size hint allocates its group on the
-		// first insert.
-	case n <= groupSlots:
-		w.add(Alloc(group, pointers))
-	default:
-		// Grown by inserts: the smallest power of two of slots at most
-		// 7/8 full.
-		slots := uintptr(groupSlots)
-		for uintptr(n) > slots*7/8 {
-			slots *= 2
-		}
-		tables := uintptr(1)
-		if slots > maxTableSlots {
-			tables = slots / maxTableSlots
-			slots = maxTableSlots
-			w.add(Alloc(tables*8, true)) // the directory
-		}
-		per := Alloc(tableHeader, true) + Alloc(slots/groupSlots*group, pointers)
-		w.add(int64(tables) * per)
-	}
+	slot := align(align(ks, uintptr(kt.Align()))+es, uintptr(max(kt.Align(), et.Align())))
+	w.add(mapBytes(n, slot, 0, ki.pointers || ei.pointers || kIndirect || eIndirect))
 	if !ki.walk && !ei.walk {
 		return
 	}
@@ -292,6 +322,36 @@ func (w *walker) mapValue(v reflect.Value, depth int) {
 	k.SetZero()
 	e.SetZero()
 	w.keys[kt], w.elems[et] = k, e
+}
+
+// mapBytes returns the bytes of a map of n entries in slots of keySize
+// plus elemSize bytes (a slot as laid out), besides what its keys and
+// values reach.
+func mapBytes(n int, keySize, elemSize uintptr, pointers bool) int64 {
+	group := 8 + groupSlots*(keySize+elemSize)
+	b := Alloc(mapHeader, true)
+	switch {
+	case n == 0:
+		// A map made without a size hint allocates its group on the
+		// first insert.
+	case n <= groupSlots:
+		b += Alloc(group, pointers)
+	default:
+		// Grown by inserts: the smallest power of two of slots at most
+		// 7/8 full.
+		slots := uintptr(groupSlots)
+		for uintptr(n) > slots*7/8 {
+			slots *= 2
+		}
+		tables := uintptr(1)
+		if slots > maxTableSlots {
+			tables = slots / maxTableSlots
+			slots = maxTableSlots
+			b += Alloc(tables*8, true) // the directory
+		}
+		b += int64(tables) * (Alloc(tableHeader, true) + Alloc(slots/groupSlots*group, pointers))
+	}
+	return b
 }
 
 func align(n, a uintptr) uintptr { return (n + a - 1) &^ (a - 1) }
