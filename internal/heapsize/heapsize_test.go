@@ -147,6 +147,18 @@ var shapes = []struct {
 		b := make([]byte, 1000, 50000+int(seed)%7)
 		return &b
 	}},
+	{"map[string]any of msgpack's numbers", func(seed uint64) any {
+		v := make([]any, 0, 500)
+		for i := range 500 {
+			n := 1000 + i + int(seed)
+			v = append(v, map[string]any{
+				"i16": int16(n), "i32": int32(n) << 8, "i64": int64(n) << 40, "u32": uint32(n) << 8,
+				"f32": float32(n) + 0.5, "i8": int8(i), "b": i%2 == 0, "nil": nil,
+			})
+		}
+		var x any = v
+		return &x
+	}},
 	{"[]any of floats and strings", func(seed uint64) any {
 		v := make([]any, 0, 3000)
 		for i := range 1500 {
@@ -187,9 +199,8 @@ func TestAgainstHeap(t *testing.T) {
 // TestSharedAndCycles: a pointer reached twice counts once; a cycle ends.
 func TestSharedAndCycles(t *testing.T) {
 	type node struct {
-		pad  [100]byte
+		_    [100]byte
 		next *node
-		kids []any
 	}
 	a := &node{}
 	b := &node{next: a}
