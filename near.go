@@ -28,9 +28,10 @@ type LocalCache struct {
 	// the allocator rounds it), or with WithDecodePerCaller its serialized
 	// copy, plus its key's length and a small overhead, and, once Serve
 	// has served a key of the near cache, also the value as stored and the
-	// bodies Serve made from it (see Cache.Serve). Entries are evicted by the W-TinyLFU policy of
-	// github.com/maypok86/otter/v2 once the total passes it. As a Policy's
-	// Local, Off turns the near cache off for the prefix.
+	// bodies Serve made from it (see Cache.Serve). Entries are evicted by
+	// the W-TinyLFU policy of github.com/maypok86/otter/v2 once the total
+	// passes it. As a Policy's Local, Off turns the near cache off for the
+	// prefix.
 	MaxBytes int64
 
 	// TTL is the longest an entry is served, however fresh the
