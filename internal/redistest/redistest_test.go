@@ -38,9 +38,9 @@ func haveRedisServer(t *testing.T) {
 	t.Helper()
 	if findServer() == "" {
 		if requireReal() {
-			t.Fatalf("%s not on PATH and %s=1", serverBinary, RequireEnv)
+			t.Fatalf("%s", requiredMissing())
 		}
-		t.Skipf("%s not on PATH", serverBinary)
+		t.Skip(serverMissing())
 	}
 }
 
@@ -447,6 +447,7 @@ func TestFallback(t *testing.T) {
 	serverBinary = "redis-server-missing-for-redistest"
 	t.Cleanup(func() { serverBinary = old })
 	t.Setenv(RequireEnv, "")
+	t.Setenv(ServerEnv, "")
 
 	s := Start(t, "--maxmemory", "1mb")
 	if s.Real() {

@@ -29,9 +29,9 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicas int) *Cluster {
 	bin := findServer()
 	if bin == "" {
 		if requireReal() {
-			tb.Fatalf("redistest: StartClusterWithReplicas: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+			tb.Fatalf("redistest: StartClusterWithReplicas: %s", requiredMissing())
 		}
-		tb.Skipf("redistest: skipping: StartClusterWithReplicas needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
+		tb.Skipf("redistest: skipping: StartClusterWithReplicas needs a real server, but %s (the miniredis fallback has no cluster mode)", serverMissing())
 	}
 	c, err := takeAhead(masters, replicas)
 	if c == nil && err == nil {

@@ -1,0 +1,129 @@
+package redistest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseVersion(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want string
+	}{
+		{"Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1b9ddb3a4bc31a18", "redis 7.0.15"},
+		{"Redis server v=7.4.1 sha=00000000:1 malloc=libc bits=64 build=5d5b2b4e4b9b1f2a", "redis 7.4.1"},
+		{"Valkey server v=8.0.1 sha=00000000:1 malloc=libc bits=64 build=d48c7f740adba2df", "valkey 8.0.1"},
+		{"something else", "unknown"},
+	} {
+		if got := parseVersion(Version{Name: "unknown"}, c.line).String(); got != c.want {
+			t.Errorf("parseVersion(%q) = %s, want %s", c.line, got, c.want)
+		}
+	}
+	v := Version{Name: "redis", Major: 7, Minor: 4, Patch: 1}
+	for _, c := range []struct {
+		name          string
+		maj, min, pat int
+		want          bool
+	}{
+		{"redis", 7, 4, 1, true},
+		{"redis", 7, 4, 2, false},
+		{"redis", 7, 2, 9, true},
+		{"redis", 8, 0, 0, false},
+		{"valkey", 7, 0, 0, false},
+	} {
+		if got := v.AtLeast(c.name, c.maj, c.min, c.pat); got != c.want {
+			t.Errorf("%s AtLeast(%s %d.%d.%d) = %v, want %v", v, c.name, c.maj, c.min, c.pat, got, c.want)
+		}
+	}
+}
+
+// TestServerEnv: PACKCACHE_REDIS_SERVER chooses the binary every helper
+// starts, and one that is not there fails the test (never the miniredis
+// fallback), even without PACKCACHE_REQUIRE_REDIS=1.
+func TestServerEnv(t *testing.T) {
+	real := findServer()
+	t.Setenv(RequireEnv, "")
+	t.Setenv(ServerEnv, "/nonexistent/valkey-server")
+	if p := ServerPath(); p != "" {
+		t.Fatalf("ServerPath with %s naming no file = %q", ServerEnv, p)
+	}
+	if v := ServerVersion(); v.Name != "miniredis" {
+		t.Fatalf("ServerVersion with no server = %+v", v)
+	}
+	for name, f := range map[string]func(tb testing.TB){
+		"Start":          func(tb testing.TB) { Start(tb) },
+		"StartCluster":   func(tb testing.TB) { StartCluster(tb, 3) },
+		"RequireServer":  func(tb testing.TB) { RequireServer(tb, "this check") },
+		"ReplicaCluster": func(tb testing.TB) { StartClusterWithReplicas(tb, 3, 1) },
+	} {
+		r := runTB(t, f)
+		if r.fatal == "" || r.skipped != "" || !strings.Contains(r.fatal, ServerEnv+"=/nonexistent/valkey-server") {
+			t.Errorf("%s with %s naming no file: fatal=%q skipped=%q, want a failure naming it", name, ServerEnv, r.fatal, r.skipped)
+		}
+	}
+	if real == "" {
+		return
+	}
+	t.Setenv(ServerEnv, real)
+	if p := ServerPath(); p != real {
+		t.Fatalf("ServerPath = %q, want %q", p, real)
+	}
+	s := Start(t)
+	info, err := s.admin.doString(adminTimeout, "INFO", "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Readlink("/proc/" + parseInfo(info)["process_id"] + "/exe")
+	if err != nil {
+		t.Skipf("cannot tell the started binary: %v", err)
+	}
+	want, err := filepath.EvalSymlinks(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exe != want {
+		t.Fatalf("Start ran %s, want %s (%s)", exe, real, want)
+	}
+}
+
+// TestServerVersionMatchesInfo: ServerVersion agrees with what a started
+// server says of itself in INFO server, and names the differences in that
+// section between servers.
+func TestServerVersionMatchesInfo(t *testing.T) {
+	haveRedisServer(t)
+	v := ServerVersion()
+	t.Logf("server: %s (%s)", v, v.Path)
+	s := Start(t)
+	info, err := s.admin.doString(adminTimeout, "INFO", "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := parseInfo(info)
+	num := strings.TrimPrefix(v.String(), v.Name+" ")
+	switch v.Name {
+	case "redis":
+		if kv["redis_version"] != num || kv["redis_mode"] != "standalone" {
+			t.Fatalf("%s: INFO server says redis_version:%s redis_mode:%s", v, kv["redis_version"], kv["redis_mode"])
+		}
+	case "valkey":
+		// Valkey names itself in server_name and valkey_version, and
+		// reports a fixed redis_version (7.2.4 in Valkey 8.0) for clients
+		// that compare it: a client that gates a feature on
+		// redis_version sees 7.2.4 whatever Valkey's version. It also
+		// renames redis_mode to server_mode (unless
+		// extended-redis-compatibility is on).
+		if kv["server_name"] != "valkey" || kv["valkey_version"] != num {
+			t.Fatalf("%s: INFO server says server_name:%s valkey_version:%s", v, kv["server_name"], kv["valkey_version"])
+		}
+		if v.AtLeast("valkey", 8, 0, 0) && kv["redis_version"] != "7.2.4" {
+			t.Errorf("%s: redis_version:%s, want the fixed 7.2.4 that Valkey 8 reports", v, kv["redis_version"])
+		}
+		if _, ok := kv["redis_mode"]; ok || kv["server_mode"] != "standalone" {
+			t.Errorf("%s: redis_mode:%q server_mode:%q, want server_mode:standalone and no redis_mode", v, kv["redis_mode"], kv["server_mode"])
+		}
+	default:
+		t.Fatalf("unknown server %+v", v)
+	}
+}
