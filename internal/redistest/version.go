@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -180,9 +181,18 @@ var tlsProbe struct {
 
 // ServerHasTLS reports whether the server binary the helpers start was
 // built with TLS (Debian's redis-server is; the matrix's builds from
-// source are not), and if not, why, in a sentence for t.Skip. It asks the
-// binary to parse a command line that ends in an unknown directive, so no
-// server starts whatever the build.
+// source are not), and if not, why, in a sentence for t.Skip. The answer
+// is kept per binary.
+//
+// Asking the binary to parse a tls-port directive, as a probe of Redis
+// 7.0 could, no longer tells: since Redis 7.2 (and so in Valkey) the TLS
+// directives parse in every build, and a build without TLS fails only
+// when it sets up its listeners ("Failed finding TLS support."). So the
+// probe starts the binary with TLS replication on, no port and no
+// certificate: a build with TLS exits at once for want of a certificate
+// ("Failed to configure TLS"), one without for want of TLS, and one of
+// Redis 7.0 without TLS refuses the directive. It binds no port and
+// writes nothing but its log to stdout.
 func ServerHasTLS() (bool, string) {
 	bin := findServer()
 	if bin == "" {
@@ -206,13 +216,31 @@ func ServerHasTLS() (bool, string) {
 }
 
 func probeTLS(bin string) (bool, string) {
-	out, _ := exec.Command(bin, "--port", "0", "--tls-port", "0", "--packcache-probe", "x").CombinedOutput()
-	switch s := string(out); {
-	case strings.Contains(s, "packcache-probe"):
-		return true, ""
-	case strings.Contains(s, "tls-port"):
-		return false, fmt.Sprintf("%s (%s) was built without TLS (tls-port is a bad directive)", bin, ServerVersion())
-	default:
-		return false, fmt.Sprintf("could not tell whether %s has TLS: %s", bin, strings.TrimSpace(s))
+	dir, err := os.MkdirTemp("", "redistest-tlsprobe-*")
+	if err != nil {
+		return false, fmt.Sprintf("could not tell whether %s has TLS: %v", bin, err)
 	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--port", "0", "--save", "", "--appendonly", "no", "--dir", dir,
+		"--tls-replication", "yes",
+		"--tls-cert-file", filepath.Join(dir, "none.pem"), "--tls-key-file", filepath.Join(dir, "none.key"))
+	cmd.Dir = dir
+	out, _ := cmd.CombinedOutput()
+	switch s := string(out); {
+	case strings.Contains(s, "Failed to configure TLS"):
+		return true, ""
+	case strings.Contains(s, "Failed finding TLS support"),
+		strings.Contains(s, "Bad directive") && strings.Contains(s, "tls-"):
+		return false, fmt.Sprintf("%s (%s) was built without TLS", bin, ServerVersion())
+	default:
+		return false, fmt.Sprintf("could not tell whether %s has TLS: %s", bin, lastLine(s))
+	}
+}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
