@@ -195,3 +195,40 @@ func writeSelfSigned(t *testing.T, dir string) (cert, key string) {
 	}
 	return cert, key
 }
+
+// TestRepliesThatDiffer names replies whose code is the same on every
+// server but whose rest differs, so that code matching more than the code
+// (packcache matches error replies by their first word only) would break
+// on one of them: HELLO's server field, and the text of NOSCRIPT.
+func TestRepliesThatDiffer(t *testing.T) {
+	haveRedisServer(t)
+	v := ServerVersion()
+	s := Start(t)
+	hello, err := s.admin.do(adminTimeout, "HELLO", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]any{}
+	if a, ok := hello.([]any); ok {
+		for i := 0; i+1 < len(a); i += 2 {
+			if k, ok := a[i].(string); ok {
+				fields[k] = a[i+1]
+			}
+		}
+	}
+	num := strings.TrimPrefix(v.String(), v.Name+" ")
+	if fields["server"] != v.Name || fields["version"] != num {
+		t.Errorf("%s: HELLO says server %v, version %v", v, fields["server"], fields["version"])
+	}
+	_, err = s.admin.do(adminTimeout, "EVALSHA", strings.Repeat("0", 40), "0")
+	want := map[string]string{
+		"redis":  "NOSCRIPT No matching script. Please use EVAL.",
+		"valkey": "NOSCRIPT No matching script.", // Valkey 8.0 dropped the advice
+	}[v.Name]
+	if err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT ") {
+		t.Fatalf("%s: EVALSHA of an unknown script: %v, want a NOSCRIPT reply", v, err)
+	}
+	if err.Error() != want {
+		t.Errorf("%s: EVALSHA of an unknown script: %q, want %q", v, err, want)
+	}
+}
