@@ -232,3 +232,61 @@ func TestRepliesThatDiffer(t *testing.T) {
 		t.Errorf("%s: EVALSHA of an unknown script: %q, want %q", v, err, want)
 	}
 }
+
+// TestWaitCoversOtherConnections names a difference in WAIT: on Redis
+// 7.0, WAIT sent on a connection that wrote nothing waits until the
+// replicas have what the master had when WAIT came (writes made on other
+// connections included); on Redis 7.4 and Valkey 8.0 it waits only for
+// that connection's own writes, so it returns at once, with the number of
+// replicas online. A test that makes its writes through one client and
+// WAITs on another proves nothing on the later servers: it should use
+// Cluster.WaitReplicated, or WAIT on the connection that wrote.
+func TestWaitCoversOtherConnections(t *testing.T) {
+	haveRedisServer(t)
+	v := ServerVersion()
+	m := Start(t, "--repl-diskless-sync-delay", "0")
+	host, port, _ := net.SplitHostPort(m.Addr())
+	r := Start(t, "--replicaof", host, port)
+	ctx := ctxT(t, time.Minute)
+	// On the writer's own connection, WAIT returns once the replica is
+	// online and has the write, on every server.
+	w := m.Client(t).Conn()
+	t.Cleanup(func() { w.Close() })
+	if err := w.Set(ctx, "k", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := w.Do(ctx, "WAIT", 1, 1000).Int()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not acknowledge the write within 30 s")
+		}
+	}
+	r.Pause(t)
+	defer r.Resume(t)
+	if err := w.Set(ctx, "k", "2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The replica is paused: it cannot have the second write.
+	n, err := m.Client(t).Do(ctx, "WAIT", 1, 300).Int()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: WAIT 1 on a new connection, after a write on another that the (paused) replica lacks: %d", v, n)
+	switch {
+	case v.Name == "redis" && v.Major == 7 && v.Minor == 0:
+		if n != 0 {
+			t.Errorf("%s: WAIT on a new connection = %d, want 0: it covers other connections' writes", v, n)
+		}
+	case v.AtLeast("redis", 7, 4, 0) || v.AtLeast("valkey", 8, 0, 0):
+		if n != 1 {
+			t.Errorf("%s: WAIT on a new connection = %d, want 1 at once: it covers only its own connection's writes", v, n)
+		}
+	}
+}
