@@ -185,7 +185,7 @@ var tlsProbe struct {
 // is kept per binary.
 //
 // Asking the binary to parse a tls-port directive, as a probe of Redis
-// 7.0 could, no longer tells: since Redis 7.2 (and so in Valkey) the TLS
+// 7.0 could, no longer tells: in Redis 7.4 and Valkey 8.0 the TLS
 // directives parse in every build, and a build without TLS fails only
 // when it sets up its listeners ("Failed finding TLS support."). So the
 // probe starts the binary with TLS replication on, no port and no
