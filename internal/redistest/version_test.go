@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -288,5 +289,28 @@ func TestWaitCoversOtherConnections(t *testing.T) {
 		if n != 1 {
 			t.Errorf("%s: WAIT on a new connection = %d, want 1 at once: it covers only its own connection's writes", v, n)
 		}
+	}
+}
+
+// TestCLIPath: the client CLIPath gives talks to the server the helpers
+// start, and is the one built beside it when there is one.
+func TestCLIPath(t *testing.T) {
+	haveRedisServer(t)
+	cli := CLIPath()
+	if cli == "" {
+		t.Skip("no valkey-cli or redis-cli beside the server or on PATH")
+	}
+	v := ServerVersion()
+	if v.Name == "valkey" || v.Name == "redis" {
+		beside := filepath.Join(filepath.Dir(v.Path), v.Name+"-cli")
+		if _, err := os.Stat(beside); err == nil && cli != beside {
+			t.Errorf("CLIPath = %s, want %s, beside the server", cli, beside)
+		}
+	}
+	s := Start(t)
+	_, port, _ := net.SplitHostPort(s.Addr())
+	out, err := exec.Command(cli, "-h", "127.0.0.1", "-p", port, "PING").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "PONG" {
+		t.Fatalf("%s PING: %q, %v", cli, out, err)
 	}
 }
