@@ -50,6 +50,10 @@ func writeCert(t *testing.T, dir, name string, tmpl *x509.Certificate, parent *x
 // client certificates: --cacert, --cert and --key must all be used, and
 // rediss:// URLs take them too.
 func TestTLS(t *testing.T) {
+	redistest.RequireServer(t, "a TLS port")
+	if ok, why := redistest.ServerHasTLS(); !ok {
+		t.Skip("TLS test skipped: " + why)
+	}
 	dir := t.TempDir()
 	now := time.Now()
 	ca, caKey := writeCert(t, dir, "ca", &x509.Certificate{

@@ -386,12 +386,22 @@ func (s *server) pause() error { return s.proc.Signal(syscall.SIGSTOP) }
 // resume continues a paused server (SIGCONT).
 func (s *server) resume() error { return s.proc.Signal(syscall.SIGCONT) }
 
-// startRedis starts a redis-server on a free port (never 6379) in a
-// temporary directory.
+// redisServer is the server binary the soak starts: $PACKCACHE_REDIS_SERVER
+// (a path or a name on PATH, such as valkey-server), as for the tests,
+// else redis-server.
+func redisServer() string {
+	if v := os.Getenv("PACKCACHE_REDIS_SERVER"); v != "" {
+		return v
+	}
+	return "redis-server"
+}
+
+// startRedis starts a redis-server (see redisServer) on a free port (never
+// 6379) in a temporary directory.
 func startRedis() (*server, error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := exec.LookPath(redisServer())
 	if err != nil {
-		return nil, fmt.Errorf("no -addr or REDIS_ADDR given and redis-server not on PATH: %w", err)
+		return nil, fmt.Errorf("no -addr or REDIS_ADDR given and %s not found: %w", redisServer(), err)
 	}
 	dir, err := os.MkdirTemp("", "packcache-soak-")
 	if err != nil {

@@ -9,16 +9,23 @@ import (
 	"time"
 )
 
-// TestSoakShort runs the soak for 3 seconds against a redis-server of its
-// own. It skips when redis-server is not on PATH, unless
-// PACKCACHE_REQUIRE_REDIS=1.
-func TestSoakShort(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("PACKCACHE_REQUIRE_REDIS") == "1" {
-			t.Fatal("redis-server not on PATH and PACKCACHE_REQUIRE_REDIS=1")
+// requireServer skips the test when the server the soak starts (see
+// redisServer) is missing, or fails it under PACKCACHE_REQUIRE_REDIS=1 or
+// when PACKCACHE_REDIS_SERVER names it.
+func requireServer(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath(redisServer()); err != nil {
+		if os.Getenv("PACKCACHE_REQUIRE_REDIS") == "1" || os.Getenv("PACKCACHE_REDIS_SERVER") != "" {
+			t.Fatalf("%s not found: %v", redisServer(), err)
 		}
-		t.Skip("redis-server not on PATH")
+		t.Skipf("%s not found", redisServer())
 	}
+}
+
+// TestSoakShort runs the soak for 3 seconds against a redis-server of its
+// own. It skips when the server is missing (see requireServer).
+func TestSoakShort(t *testing.T) {
+	requireServer(t)
 	cfg := config{duration: 3 * time.Second, workers: 16, keys: 100, minSize: 100, maxSize: 256 << 10, heapSlop: 64 << 20}
 	var out bytes.Buffer
 	start := time.Now()
@@ -36,15 +43,9 @@ func TestSoakShort(t *testing.T) {
 // TestSoakOutage runs the outage mode for 7 seconds (two or three stops of
 // its own redis-server): no read begun once a resume had settled may be
 // stale, no write may be undone, and every failed write must have returned
-// ErrPending. It skips when redis-server is not on PATH, unless
-// PACKCACHE_REQUIRE_REDIS=1.
+// ErrPending. It skips when the server is missing (see requireServer).
 func TestSoakOutage(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("PACKCACHE_REQUIRE_REDIS") == "1" {
-			t.Fatal("redis-server not on PATH and PACKCACHE_REQUIRE_REDIS=1")
-		}
-		t.Skip("redis-server not on PATH")
-	}
+	requireServer(t)
 	cfg := defaultOutageConfig()
 	cfg.duration = 7 * time.Second
 	var out bytes.Buffer

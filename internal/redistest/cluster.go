@@ -68,9 +68,9 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 	bin := findServer()
 	if bin == "" {
 		if requireReal() {
-			tb.Fatalf("redistest: StartCluster: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+			tb.Fatalf("redistest: StartCluster: %s", requiredMissing())
 		}
-		tb.Skipf("redistest: skipping: StartCluster needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
+		tb.Skipf("redistest: skipping: StartCluster needs a real server, but %s (the miniredis fallback has no cluster mode)", serverMissing())
 	}
 	c, err := takeSpare(bin, masters)
 	if c == nil && err == nil {

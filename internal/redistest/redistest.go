@@ -14,7 +14,14 @@
 //
 // The helper never connects to any Redis it did not start.
 //
-// If redis-server is not on PATH, Start falls back to an embedded miniredis
+// The server binary is redis-server on PATH unless the environment
+// variable PACKCACHE_REDIS_SERVER names another (a path or a name on
+// PATH), such as a valkey-server or a Redis of another version; every
+// helper, Sentinel included, starts that binary. ServerVersion says which
+// server and version it is, so that a test can name a difference between
+// servers.
+//
+// If redis-server is not on PATH (and PACKCACHE_REDIS_SERVER is unset), Start falls back to an embedded miniredis
 // (Server.Real reports false), StartCluster skips, and Targets offers only
 // the single-node target. Setting PACKCACHE_REQUIRE_REDIS=1 in the
 // environment turns every such fallback or skip into a test failure, so CI
@@ -35,17 +42,20 @@ import (
 // missing redis-server a test failure instead of a fallback or skip.
 const RequireEnv = "PACKCACHE_REQUIRE_REDIS"
 
-// serverBinary is the redis-server executable looked up on PATH. Tests of
-// this package override it to exercise the fallback.
+// serverBinary is the executable looked up on PATH when ServerEnv is
+// unset. Tests of this package override it to exercise the fallback.
 var serverBinary = "redis-server"
 
 var fallbackOnce sync.Once
 
-func requireReal() bool { return os.Getenv(RequireEnv) == "1" }
+// requireReal reports whether a missing server fails the test: under
+// PACKCACHE_REQUIRE_REDIS=1, or when PACKCACHE_REDIS_SERVER names one.
+func requireReal() bool { return os.Getenv(RequireEnv) == "1" || os.Getenv(ServerEnv) != "" }
 
-// findServer returns the path of redis-server, or "" if it is not on PATH.
+// findServer returns the path of the server binary (see ServerEnv), or ""
+// if there is none.
 func findServer() string {
-	p, err := exec.LookPath(serverBinary)
+	p, err := exec.LookPath(serverWanted())
 	if err != nil {
 		return ""
 	}
@@ -56,7 +66,7 @@ func findServer() string {
 func logFallback(tb testing.TB) {
 	tb.Helper()
 	fallbackOnce.Do(func() {
-		tb.Logf("redistest: %s not found on PATH; falling back to embedded miniredis (set %s=1 to fail instead)", serverBinary, RequireEnv)
+		tb.Logf("redistest: %s; falling back to embedded miniredis (set %s=1 to fail instead)", serverMissing(), RequireEnv)
 	})
 }
 
@@ -78,7 +88,7 @@ func Start(tb testing.TB, args ...string) *Server {
 	bin := findServer()
 	if bin == "" {
 		if requireReal() {
-			tb.Fatalf("redistest: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+			tb.Fatalf("redistest: %s", requiredMissing())
 		}
 		logFallback(tb)
 		if len(args) > 0 {
@@ -112,14 +122,14 @@ func RequireReal(tb testing.TB, s *Server, why string) {
 		return
 	}
 	if requireReal() {
-		tb.Fatalf("redistest: this test needs a real redis-server (%s), but this is the miniredis fallback and %s=1", why, RequireEnv)
+		tb.Fatalf("redistest: this test needs a real redis-server (%s), but %s", why, requiredMissing())
 	}
-	tb.Skipf("redistest: skipped: this test needs a real redis-server (%s); %s is not on PATH, so this is the miniredis fallback", why, serverBinary)
+	tb.Skipf("redistest: skipped: this test needs a real redis-server (%s); %s, so this is the miniredis fallback", why, serverMissing())
 }
 
 // RequireServer is RequireReal for a test that has not started a server
 // yet: it skips the test (fails it when PACKCACHE_REQUIRE_REDIS=1) unless
-// redis-server is on PATH.
+// the server binary (see ServerEnv) is there.
 func RequireServer(tb testing.TB, why string) {
 	tb.Helper()
 	if findServer() != "" {

@@ -38,9 +38,9 @@ func haveRedisServer(t *testing.T) {
 	t.Helper()
 	if findServer() == "" {
 		if requireReal() {
-			t.Fatalf("%s not on PATH and %s=1", serverBinary, RequireEnv)
+			t.Fatalf("%s", requiredMissing())
 		}
-		t.Skipf("%s not on PATH", serverBinary)
+		t.Skip(serverMissing())
 	}
 }
 
@@ -447,6 +447,7 @@ func TestFallback(t *testing.T) {
 	serverBinary = "redis-server-missing-for-redistest"
 	t.Cleanup(func() { serverBinary = old })
 	t.Setenv(RequireEnv, "")
+	t.Setenv(ServerEnv, "")
 
 	s := Start(t, "--maxmemory", "1mb")
 	if s.Real() {
@@ -583,10 +584,17 @@ func TestClusterWithReplicas(t *testing.T) {
 	}
 	r := rs[0]
 	rc := r.Client(t)
-	// The SET reached the replica (WAIT: once it acknowledged it).
-	if n, err := m.Client(t).Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
-		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	// WaitReplicated waits for every write, on whichever connection it
+	// was made: not while the replica is paused.
+	r.Pause(t)
+	if err := cc.Set(ctx, "key:7", "8", 0).Err(); err != nil {
+		t.Fatal(err)
 	}
+	if res := runTB(t, func(tb testing.TB) { c.WaitReplicated(tb, m, 200*time.Millisecond) }); res.fatal == "" {
+		t.Error("WaitReplicated returned while the replica was paused")
+	}
+	r.Resume(t)
+	c.WaitReplicated(t, m, 10*time.Second)
 	if role, err := rc.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "slave" {
 		t.Fatalf("ROLE on the replica = %v, %v", role, err)
 	}
@@ -600,8 +608,11 @@ func TestClusterWithReplicas(t *testing.T) {
 	if role, err := rc.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
 		t.Fatalf("ROLE on the promoted replica = %v, %v", role, err)
 	}
-	if v, err := rc.Get(ctx, "key:7").Result(); err != nil || v != "7" {
-		t.Fatalf("GET key:7 on the promoted replica = %q, %v", v, err)
+	if v, err := rc.Get(ctx, "key:7").Result(); err != nil || v != "8" {
+		repl, _ := r.admin.doString(adminTimeout, "INFO", "replication")
+		nodes, _ := r.admin.doString(adminTimeout, "CLUSTER", "NODES")
+		t.Fatalf("GET key:7 on the promoted replica = %q, %v (want the 8 written last)\n--- its INFO replication ---\n%s\n--- its CLUSTER NODES ---\n%s\n--- its log ---\n%s",
+			v, err, repl, nodes, tail(r.logPath(), 0))
 	}
 }
 

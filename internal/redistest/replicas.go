@@ -29,9 +29,9 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicas int) *Cluster {
 	bin := findServer()
 	if bin == "" {
 		if requireReal() {
-			tb.Fatalf("redistest: StartClusterWithReplicas: %s not found on PATH and %s=1", serverBinary, RequireEnv)
+			tb.Fatalf("redistest: StartClusterWithReplicas: %s", requiredMissing())
 		}
-		tb.Skipf("redistest: skipping: StartClusterWithReplicas needs %s on PATH (the miniredis fallback has no cluster mode)", serverBinary)
+		tb.Skipf("redistest: skipping: StartClusterWithReplicas needs a real server, but %s (the miniredis fallback has no cluster mode)", serverMissing())
 	}
 	c, err := takeAhead(masters, replicas)
 	if c == nil && err == nil {
@@ -144,6 +144,48 @@ func (c *Cluster) Replicas(master *Server) []*Server {
 		return slices.Clone(c.replicas[i])
 	}
 	return nil
+}
+
+// WaitReplicated waits until every replica master was started with has
+// applied all that master had written when WaitReplicated was called, on
+// any connection: it reads master's master_repl_offset once, then polls
+// each replica's INFO replication (every 20 ms) until its
+// slave_repl_offset reaches it. It fails the test if that does not happen
+// within timeout.
+//
+// WAIT sent on another connection than the writes' does not do this on
+// every server: on Redis 7.4 and Valkey 8.0 it counts the replicas that
+// acknowledged that connection's own writes, so on a connection that
+// wrote nothing (a new client's, or another of a pool's) it returns at
+// once, with the number of replicas online; Redis 7.0's covered every
+// connection's writes (TestWaitCoversOtherConnections).
+func (c *Cluster) WaitReplicated(tb testing.TB, master *Server, timeout time.Duration) {
+	tb.Helper()
+	info, err := master.admin.doString(adminTimeout, "INFO", "replication")
+	if err != nil {
+		tb.Fatalf("redistest: INFO replication on %s: %v", master.addr, err)
+	}
+	want, err := strconv.ParseInt(parseInfo(info)["master_repl_offset"], 10, 64)
+	if err != nil {
+		tb.Fatalf("redistest: master_repl_offset of %s: %v", master.addr, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for _, r := range c.Replicas(master) {
+		for {
+			info, err := r.admin.doString(adminTimeout, "INFO", "replication")
+			var got int64 = -1
+			if err == nil {
+				got, _ = strconv.ParseInt(parseInfo(info)["slave_repl_offset"], 10, 64)
+			}
+			if got >= want {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("redistest: replica %s applied offset %d, not %s's %d, within %v (last error: %v)", r.addr, got, master.addr, want, timeout, err)
+			}
+			time.Sleep(pollInterval)
+		}
+	}
 }
 
 // WaitPromoted polls replica (CLUSTER NODES, every 20 ms) until it reports

@@ -245,7 +245,7 @@ func Targets(tb testing.TB) []Target {
 		ts = append(ts, Target{Name: "cluster", Client: st.cluster.Universal(tb), Cluster: st.cluster})
 	} else {
 		clusterOmittedOnce.Do(func() {
-			tb.Logf("redistest: Targets: no %s on PATH, so only the single-node (miniredis) target runs", serverBinary)
+			tb.Logf("redistest: Targets: %s, so only the single-node (miniredis) target runs", serverMissing())
 		})
 	}
 	return ts
@@ -260,7 +260,7 @@ func startSet(tb testing.TB) (_ *set, err error) {
 	if bin == "" {
 		tb.Helper()
 		if requireReal() {
-			return nil, fmt.Errorf("%s not found on PATH and %s=1", serverBinary, RequireEnv)
+			return nil, fmt.Errorf("%s", requiredMissing())
 		}
 		logFallback(tb)
 		if st.single, err = startMini(); err != nil {
