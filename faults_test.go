@@ -14,7 +14,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -541,35 +540,12 @@ func TestBreakerReadThrough(t *testing.T) {
 	t.Logf("Gets hit Redis again %v after restart", time.Since(back))
 }
 
-// redisHasTLS reports whether the redis-server on PATH knows the tls-port
-// directive: a build without TLS rejects it as a bad directive. It asks the
-// binary to parse a command line that ends in a deliberately unknown
-// directive, so the server never starts whatever the build.
-func redisHasTLS(t *testing.T) (bool, string) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return false, "redis-server not on PATH"
-	}
-	out, _ := exec.Command(bin, "--port", "0", "--tls-port", "0", "--packcache-probe", "x").CombinedOutput()
-	switch s := string(out); {
-	case strings.Contains(s, "packcache-probe"):
-		return true, ""
-	case strings.Contains(s, "tls-port"):
-		return false, "this redis-server was built without TLS (tls-port is a bad directive)"
-	default:
-		return false, "could not tell whether redis-server has TLS: " + strings.TrimSpace(s)
-	}
-}
-
 // TestTLSWithACLUser runs redis-server with TLS (a CA and server
 // certificate made here) and an ACL user, and uses the cache over it.
 func TestTLSWithACLUser(t *testing.T) {
 	t.Parallel()
-	ok, why := redisHasTLS(t)
-	if !ok {
-		if os.Getenv(redistest.RequireEnv) == "1" && strings.Contains(why, "PATH") {
-			t.Fatal(why)
-		}
+	redistest.RequireServer(t, "starts redis-server with TLS")
+	if ok, why := redistest.ServerHasTLS(); !ok {
 		t.Skip("TLS test skipped: " + why)
 	}
 	dir := t.TempDir()

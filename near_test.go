@@ -69,7 +69,7 @@ func redisCLI(t *testing.T, tg redistest.Target, args ...string) string {
 		host, port, _ = net.SplitHostPort(tg.Cluster.Addrs()[0])
 		pre = []string{"-c"}
 	}
-	out, err := exec.Command("redis-cli", append(append(pre, "-h", host, "-p", port), args...)...).CombinedOutput()
+	out, err := exec.Command(redistest.CLIPath(), append(append(pre, "-h", host, "-p", port), args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redis-cli %v: %v: %s", args, err, out)
 	}
