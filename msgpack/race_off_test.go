@@ -1,0 +1,5 @@
+//go:build !race
+
+package msgpack_test
+
+const raceEnabled = false
