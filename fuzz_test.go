@@ -95,6 +95,15 @@ func FuzzGet(f *testing.F) {
 				}
 			}
 			return
+		} else if len(value) > 0 && value[0] == codec.HeaderExtended {
+			// A malformed envelope, or one naming a field this reader does
+			// not know: corrupt or unknown, never a value.
+			for _, err := range []error{errB, errC} {
+				if !errors.Is(err, packcache.ErrCorrupt) && !errors.Is(err, packcache.ErrUnknownHeader) {
+					t.Fatalf("malformed envelope (%v): %v, want ErrCorrupt or ErrUnknownHeader", perr, err)
+				}
+			}
+			return
 		}
 		for _, err := range []error{errB, errC} {
 			if err == nil {
