@@ -117,7 +117,7 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 	for i, k := range toLoad {
 		p := c.policy(k)
 		token := c.loadToken(from[k])
-		calls[i], joined[i] = c.loads.claim(k, token, true, c.coalesce)
+		calls[i], joined[i] = c.loads.Claim(k, token, true, c.coalesce)
 		if joined[i] {
 			inc(&p.stats.CoalescedWaits)
 		} else {

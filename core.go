@@ -17,6 +17,7 @@ import (
 	"github.com/packcache/packcache/internal/dictset"
 	"github.com/packcache/packcache/internal/httpenc"
 	"github.com/packcache/packcache/internal/owed"
+	"github.com/packcache/packcache/internal/singleflight"
 	"github.com/packcache/packcache/internal/tracking"
 )
 
@@ -46,10 +47,10 @@ type cache struct {
 	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
 	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
 
-	lookups group[result, flight] // Gets without a loader: read and decode
-	reads   group[result, flight] // Gets with a loader: read, decode, and load on a miss
-	loads   registry              // loads, shared by the reads that found the same state
-	leases  leaseBook             // unsure leases, and nodes that refuse SET NX GET (lease.go)
+	lookups singleflight.Group[result, flight] // Gets without a loader: read and decode
+	reads   singleflight.Group[result, flight] // Gets with a loader: read, decode, and load on a miss
+	loads   singleflight.Registry[result]      // loads, shared by the reads that found the same state
+	leases  leaseBook                          // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	groups groupState // groups in use (groups.go)
 
@@ -120,11 +121,11 @@ type result struct {
 	edge   *httpenc.Edge
 }
 
-// shareUntil says until when, in unix nanoseconds, a finished read with
+// ShareUntil says until when, in unix nanoseconds, a finished read with
 // this outcome may be shared with later callers: values and misses may,
 // for the share window but never past the value's expiry; errors and
 // stale values may not (0), so that the next caller tries again.
-func (r result) shareUntil(err error) int64 {
+func (r result) ShareUntil(err error) int64 {
 	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale {
 		return 0
 	}
@@ -178,10 +179,10 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		obs:          cfg.observer,
 		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 	}
-	for _, g := range []*group[result, flight]{&c.lookups, &c.reads} {
-		g.window, g.life = int64(cfg.shareWindow), &c.life
+	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
+		g.Init(cfg.shareWindow, spawns{&c.life}, panicError)
 	}
-	c.loads.window = int64(cfg.shareWindow) // for loads begun with Redis unreachable
+	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
 	c.leases.init()
 	c.owed.Init(owedStore{c}, c.redisTimeout)

@@ -24,7 +24,5 @@ func SlotWaiters[T any](c *Cache[T]) int64 {
 // key and the state each began from), for tests that must know a load
 // has ended, not only that its value is stored.
 func LoadsUnderWay[T any](c *Cache[T]) int {
-	c.core.loads.mu.Lock()
-	defer c.core.loads.mu.Unlock()
-	return len(c.core.loads.byToken)
+	return c.core.loads.Len()
 }

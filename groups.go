@@ -403,10 +403,10 @@ func (c *cache) groupsChanged(local bool, keys ...string) {
 			c.marks.touchGroup(strings.TrimPrefix(k, groupPrefix))
 		}
 	}
-	c.lookups.forgetAll()
-	c.reads.forgetAll()
+	c.lookups.ForgetAll()
+	c.reads.ForgetAll()
 	if local {
-		c.loads.forgetAll()
+		c.loads.ForgetAll()
 	}
 }
 

@@ -72,7 +72,7 @@ func (l *loadRun) awaitPlacer(ctx context.Context, key, lease string, self *call
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
 	for {
-		if other, registered := l.c.loads.placer(key, lease, self); registered {
+		if other, registered := l.c.loads.Placer(key, lease, self); registered {
 			return other
 		}
 		if !time.Now().Before(deadline) {

@@ -206,12 +206,12 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 	// this one registered may have started a load under the same token;
 	// this one takes the token's place, and that load joins it as it
 	// settles.)
-	cl, joined := c.loads.claim(f.key, token, true, c.coalesce && j.placed == "")
+	cl, joined := c.loads.Claim(f.key, token, true, c.coalesce && j.placed == "")
 	jobs := []loadJob{{key: f.key, p: f.p, from: j, token: token, cl: cl}}
 	switch {
 	case joined:
 		inc(&f.p.stats.CoalescedWaits)
-	case f.cl != nil && f.cl.own:
+	case f.cl != nil && f.cl.Own():
 		// The read runs on a goroutine of its own, which its callers
 		// wait for only through the read's call: the load runs on it
 		// too, one goroutine hand-off fewer each way, and at the load
@@ -219,7 +219,7 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 		c.life.spawn() // runLoad's, as for a goroutine of its own
 		c.runLoad(ctx, oneLoader{f.ld}, jobs, func(err error) {
 			r, err := c.fallBack(ctx, f.key, j, result{}, err)
-			c.reads.finish(f.key, f.cl, r, err)
+			c.reads.Finish(f.key, f.cl, r, err)
 		})
 	default:
 		// On a goroutine of its own even when this caller cannot leave:
@@ -260,7 +260,7 @@ func (c *cache) fallBack(ctx context.Context, key string, j judgement, r result,
 // stored over it (see registry.claimRefresh).
 func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc, j judgement) {
 	token := "sha1:" + j.digest
-	cl := c.loads.claimRefresh(key, token)
+	cl := c.loads.ClaimRefresh(key, token)
 	if cl == nil {
 		return
 	}
@@ -289,7 +289,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	timeout := context.AfterFunc(lctx, func() {
 		ended := false
 		for i := range jobs {
-			ended = c.loads.finish(jobs[i].key, jobs[i].cl, result{}, c.loadEnded(lctx, jobs[i].key)) || ended
+			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, result{}, c.loadEnded(lctx, jobs[i].key)) || ended
 		}
 		// Only a load that had not finished (its context ended first, not
 		// its cancel at the end of runLoad) releases a read's callers.
@@ -305,7 +305,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	defer func() {
 		ended := false
 		for i := range jobs {
-			ended = c.loads.finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err) || ended
+			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err) || ended
 		}
 		if ended && released != nil {
 			released(jobs[0].err)
@@ -329,17 +329,17 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 		if j.refresh && j.stored {
 			// Before finish, so that no refresh from the value it replaced
 			// can start in between.
-			c.loads.storedOver(j.key, j.token, time.Now().Add(j.p.refreshAfter).UnixNano())
+			c.loads.StoredOver(j.key, j.token, time.Now().Add(j.p.refreshAfter).UnixNano())
 		}
 		// This load's own keys are done: finish them before waiting for
 		// the loads of this process that hold some of its keys, which may
 		// be waiting for these in turn.
-		c.loads.finish(j.key, j.cl, j.res, j.err)
+		c.loads.Finish(j.key, j.cl, j.res, j.err)
 	}
 	for i := range jobs {
 		if j := &jobs[i]; j.join != nil {
 			j.res, j.err = wait(lctx, j.join)
-			c.loads.finish(j.key, j.cl, j.res, j.err)
+			c.loads.Finish(j.key, j.cl, j.res, j.err)
 		}
 	}
 }
@@ -418,7 +418,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	for _, i := range loading {
 		j := &l.jobs[i]
 		p := j.p
-		if j.g.kind == guardDigest && c.loads.isDetached(j.cl) {
+		if j.g.kind == guardDigest && c.loads.IsDetached(j.cl) {
 			// A write of this process came after the load began: whatever
 			// the key holds now, the load's value is older. (A write of
 			// another process is caught by the script, unless it wrote
@@ -659,7 +659,7 @@ func (l *loadRun) awaitLeases(ctx context.Context, waiting []int) []int {
 			i := waiting[n]
 			j := &l.jobs[i]
 			if jj := c.judge(j.key, j.p, rp, true); jj.v == vLease {
-				if other := c.loads.joinOrWait(j.key, jj.lease, j.cl); other != nil {
+				if other := c.loads.JoinOrWait(j.key, jj.lease, j.cl); other != nil {
 					// A load of this process holds it: see decide.
 					j.seen, j.join = "", other
 					continue
@@ -724,7 +724,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 		// load whose read placed the lease takes the token's place); or
 		// become the load that waits for it, which this process's readers
 		// that find it join from now on.
-		if other := l.c.loads.joinOrWait(j.key, jd.lease, j.cl); other != nil {
+		if other := l.c.loads.JoinOrWait(j.key, jd.lease, j.cl); other != nil {
 			j.join = other
 			return
 		}

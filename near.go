@@ -442,13 +442,13 @@ func (c *cache) changed(how change, keys ...string) {
 				n.entries.Invalidate(k)
 			}
 		}
-		c.lookups.forget(k)
+		c.lookups.Forget(k)
 		if how == stored {
 			continue
 		}
-		c.reads.forget(k)
+		c.reads.Forget(k)
 		if how == written {
-			c.loads.forget(k)
+			c.loads.Forget(k)
 		}
 	}
 }

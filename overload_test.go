@@ -406,8 +406,17 @@ func TestRecommendedSettingsUnderSurge(t *testing.T) {
 		t.Fatalf("%d Redis errors, breaker opened %d times, %d Gets without the value, %d lines logged by go-redis (%v); want none (errors: %v)",
 			st.RedisErrors, watch.opened.Load(), wrong.Load(), logged.count(), logged.first(), log.all())
 	}
-	if st.Stores != 10000 {
-		t.Fatalf("%d stores, want 10000 (%+v)", st.Stores, st.Counters)
+	// Every load stores, unless its lease died first: a process starved
+	// of CPU for longer than a lease lives (seen at load average 17-30 on
+	// the 2 cores: 638 of 10,000) neither extends nor stores in time, and
+	// the store then refuses to write over what may be a Delete made
+	// meanwhile (Superseded). That costs a load more, never a wrong value;
+	// any other store that fails is a failure here.
+	if st.Stores+st.Superseded != 10000 || st.Unstored != 0 || st.Stores == 0 {
+		t.Fatalf("%d stores and %d superseded, want 10000 in all; %d unstored, want 0 (%+v)", st.Stores, st.Superseded, st.Unstored, st.Counters)
+	}
+	if st.Superseded != 0 {
+		t.Logf("%d of 10,000 leases died before their store, on a starved process (Superseded)", st.Superseded)
 	}
 }
 

@@ -57,7 +57,7 @@ func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne, r *r
 	}
 	f := flight{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
-		*r, err = f.run(ctx, nil)
+		*r, err = f.Run(ctx, nil)
 		return c.count(p, r, err, false)
 	}
 	g := &c.lookups
@@ -65,7 +65,7 @@ func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne, r *r
 		g = &c.reads
 	}
 	var shared bool
-	*r, err, shared = g.do(ctx, key, f) // f.joining counts a shared read
+	*r, err, shared = g.Do(ctx, key, f) // f.Joining counts a shared read
 	return c.count(p, r, err, shared)
 }
 
@@ -86,12 +86,12 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 	if readThrough {
 		g = &c.reads
 	}
-	cl, ok := g.lookHot(key, time.Now().UnixNano())
+	cl, ok := g.LookHot(key, time.Now().UnixNano())
 	if !ok {
 		return nil, false
 	}
 	select {
-	case <-cl.done:
+	case <-cl.Done():
 	default:
 		// Under way: a loader waiting for its own key's read would wait
 		// for itself.
@@ -114,10 +114,10 @@ type flight struct {
 	cl  *call[result] // the read's call, once it runs (nil without coalescing)
 }
 
-// run is the work of one read, shared by the callers that coalesce (cl
+// Run is the work of one read, shared by the callers that coalesce (cl
 // is their call; nil without coalescing): it reads key, judges what Redis
 // holds, and acts on the judgement.
-func (f flight) run(ctx context.Context, cl *call[result]) (result, error) {
+func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
 	c, key, p := f.c, f.key, f.p
 	f.cl = cl
 	var t ticket
@@ -126,7 +126,7 @@ func (f flight) run(ctx context.Context, cl *call[result]) (result, error) {
 	}
 	rp := c.fetch(ctx, key, p, f.ld != nil)
 	if cl != nil {
-		cl.seal()
+		cl.Seal()
 	}
 	j := c.judge(key, p, rp, f.ld != nil)
 	if p.near != nil && j.v == vHit && !j.refresh {
@@ -135,9 +135,9 @@ func (f flight) run(ctx context.Context, cl *call[result]) (result, error) {
 	return c.act(ctx, f, j)
 }
 
-// joining counts a caller sharing the read and catches a loader that
+// Joining counts a caller sharing the read and catches a loader that
 // would wait for its own key's read.
-func (f flight) joining(ctx context.Context, key string, running bool) error {
+func (f flight) Joining(ctx context.Context, key string, running bool) error {
 	inc(&f.p.stats.CoalescedWaits)
 	if !running {
 		return nil

@@ -1,60 +1,54 @@
 package dictset
 
 import (
+	"context"
 	"fmt"
-	"sync"
+	"strconv"
+	"sync/atomic"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
-// fetches coalesces a Set's fetches: one under way per id, whose result
-// every caller that asks for the id meanwhile gets. Nothing is kept once
-// a fetch is done: what to remember is the Set's to decide (it adds an
-// entry before the fetch ends, and looks there before asking).
-//
-// It is the one piece of the Set that coalesces, kept apart so that the
-// cache's one coalescing type can take its place.
+// fetches coalesces a Set's fetches, with the cache's one coalescing type
+// (internal/singleflight): one under way per id, whose result every caller
+// that asks for the id meanwhile gets. Nothing is kept once a fetch is
+// done (a Group with no share window): what to remember is the Set's to
+// decide (it adds an entry before the fetch ends, and looks there before
+// asking).
 type fetches struct {
-	mu sync.Mutex
-	m  map[uint32]*call
+	g      singleflight.Group[*entry, fetchWork]
+	joined atomic.Int64 // callers that shared a fetch another began, for tests
 }
 
-// A call is a fetch under way, and its entry once done.
-type call struct {
-	done chan struct{}
-	dups int // callers that wait for it, beside the one that runs it
-	e    *entry
+// A fetchWork is one fetch, as a Group's work.
+type fetchWork struct {
+	f  *fetches
+	fn func() *entry
 }
 
-// do runs fn for id and returns its entry, unless a call for id is under
-// way: then it waits for that call and returns the entry it returns. A
-// caller that waits cannot stop waiting; fn must return in bounded time.
-// If fn panics, the panic goes on in the caller that ran it, and the
-// callers that waited get an entry whose error says so.
+func (w fetchWork) Run(context.Context, *singleflight.Call[*entry]) (*entry, error) {
+	return w.fn(), nil
+}
+
+func (w fetchWork) Joining(context.Context, string, bool) error {
+	w.f.joined.Add(1)
+	return nil
+}
+
+// ShareUntil keeps no finished fetch: see fetches.
+func (*entry) ShareUntil(error) int64 { return 0 }
+
+// do runs fn for id on the caller's goroutine and returns its entry,
+// unless a call for id is under way: then it waits for that call and
+// returns the entry it returns. A caller that waits cannot stop waiting;
+// fn must return in bounded time. If fn panics, every caller, the one
+// that ran it included, gets an entry whose error says so; if it calls
+// runtime.Goexit, the callers that wait for it do.
 func (f *fetches) do(id uint32, fn func() *entry) *entry {
-	f.mu.Lock()
-	if c, ok := f.m[id]; ok {
-		c.dups++
-		f.mu.Unlock()
-		<-c.done
-		return c.e
+	e, err, _ := f.g.Do(context.Background(), strconv.FormatUint(uint64(id), 16), fetchWork{f, fn})
+	if err != nil {
+		return &entry{id: id, err: fmt.Errorf("fetching zstd dictionary %s: the fetch failed: %w", codec.DictionaryKey(id), err)}
 	}
-	c := &call{done: make(chan struct{})}
-	if f.m == nil {
-		f.m = map[uint32]*call{}
-	}
-	f.m[id] = c
-	f.mu.Unlock()
-
-	defer func() {
-		if c.e == nil { // fn panicked: the waiters must neither hang nor find nothing
-			c.e = &entry{id: id, err: fmt.Errorf("fetching zstd dictionary %s: the fetch panicked", codec.DictionaryKey(id))}
-		}
-		f.mu.Lock()
-		delete(f.m, id)
-		f.mu.Unlock()
-		close(c.done)
-	}()
-	c.e = fn()
-	return c.e
+	return e
 }

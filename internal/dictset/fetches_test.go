@@ -8,16 +8,8 @@ import (
 	"testing"
 )
 
-// waiting returns how many callers wait for the call for id under way, or
-// -1 if none is.
-func (f *fetches) waiting(id uint32) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if c, ok := f.m[id]; ok {
-		return c.dups
-	}
-	return -1
-}
+// joined returns how many callers have joined a fetch another began.
+func (f *fetches) joins() int { return int(f.joined.Load()) }
 
 // until yields until cond holds: the goroutines it waits for need no time
 // of their own, only to be run.
@@ -44,11 +36,11 @@ func TestFetchesShared(t *testing.T) {
 	got := make([]*entry, n)
 	var wg sync.WaitGroup
 	wg.Go(func() { got[0] = f.do(7, fn) })
-	until(func() bool { return f.waiting(7) == 0 })
+	until(func() bool { return runs.Load() == 1 }) // under way
 	for i := 1; i < n; i++ {
 		wg.Go(func() { got[i] = f.do(7, fn) })
 	}
-	until(func() bool { return f.waiting(7) == n-1 })
+	until(func() bool { return f.joins() == n-1 })
 	close(release)
 	wg.Wait()
 	if runs.Load() != 1 {
@@ -59,8 +51,8 @@ func TestFetchesShared(t *testing.T) {
 			t.Fatalf("caller %d got %v, not the call's entry", i, e)
 		}
 	}
-	if f.waiting(7) != -1 || len(f.m) != 0 {
-		t.Error("the call is still listed once done")
+	if e := f.do(7, func() *entry { return &entry{id: 7} }); e == want {
+		t.Error("the call is still shared once done")
 	}
 }
 
@@ -70,8 +62,9 @@ func TestFetchesByID(t *testing.T) {
 	var f fetches
 	release := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { f.do(1, func() *entry { <-release; return &entry{id: 1} }) })
-	until(func() bool { return f.waiting(1) == 0 })
+	var started atomic.Bool
+	wg.Go(func() { f.do(1, func() *entry { started.Store(true); <-release; return &entry{id: 1} }) })
+	until(started.Load)
 	if e := f.do(2, func() *entry { return &entry{id: 2} }); e.id != 2 {
 		t.Errorf("id 2 got entry %d", e.id)
 	}
@@ -93,32 +86,31 @@ func TestFetchesNotKept(t *testing.T) {
 	}
 }
 
-// TestFetchesPanic: a fn that panics panics in the caller that ran it;
-// the callers waiting for it get an entry whose error says so instead of
-// hanging, and the next call runs fn again.
+// TestFetchesPanic: a fn that panics fails every caller of its fetch, the
+// one that ran it included, with an entry whose error says so, instead of
+// crashing the process or leaving them hanging; the next call runs fn
+// again.
 func TestFetchesPanic(t *testing.T) {
 	t.Parallel()
 	var f fetches
 	release := make(chan struct{})
 	var wg sync.WaitGroup
-	var recovered any
+	var started atomic.Bool
+	var ran, waited *entry
 	wg.Go(func() {
-		defer func() { recovered = recover() }()
-		f.do(9, func() *entry { <-release; panic("boom") })
+		ran = f.do(9, func() *entry { started.Store(true); <-release; panic("boom") })
 	})
-	until(func() bool { return f.waiting(9) == 0 })
-	var waited *entry
+	until(started.Load)
 	wg.Go(func() {
 		waited = f.do(9, func() *entry { t.Error("a second fn ran while the first was under way"); return nil })
 	})
-	until(func() bool { return f.waiting(9) == 1 })
+	until(func() bool { return f.joins() == 1 })
 	close(release)
 	wg.Wait()
-	if recovered != "boom" {
-		t.Errorf("the caller that ran fn recovered %v, want its panic", recovered)
-	}
-	if waited == nil || waited.d != nil || waited.err == nil || !strings.Contains(waited.err.Error(), "panicked") {
-		t.Fatalf("the waiting caller got %+v, want an error saying the fetch panicked", waited)
+	for who, e := range map[string]*entry{"the caller that ran fn": ran, "the waiting caller": waited} {
+		if e == nil || e.d != nil || e.err == nil || !strings.Contains(e.err.Error(), "panicked: boom") {
+			t.Fatalf("%s got %+v, want an error saying the fetch panicked", who, e)
+		}
 	}
 	if e := f.do(9, func() *entry { return &entry{id: 9} }); e.err != nil {
 		t.Errorf("the next call: %v", e.err)
