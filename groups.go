@@ -465,12 +465,14 @@ func (m *marks) touchGroup(g string) { m.groups[m.groupStripe(g)].Add(1) }
 // the loader returned. A TTL that is neither positive nor Off is an error
 // too.
 //
-// WARNING: a loader that puts its value in groups must have begun after
-// the cache knew of groups: the first load of a process that has not yet
-// met a group (no InGroups, no InvalidateGroups, no grouped value read)
-// returns its grouped value to its callers without storing it, since it
-// did not read the group sequence before calling the loader, and nothing
-// else proves that no InvalidateGroups came in between.
+// WARNING: a load reads the group sequence before it calls its loader
+// only once the process has met groups (InGroups, InvalidateGroups,
+// StoreWith, or a grouped value read): the first load of a process that
+// had not, whose loader puts its value in groups, reads the sequence
+// then and calls its loader a second time, and stores and returns what
+// that second call gives. A loader that must not be called twice for one
+// load should have the process meet groups first (an InvalidateGroups of
+// a group no value is in, at start-up).
 func StoreWith(ctx context.Context, key string, opts ...SetOption) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
 	for ; l != nil && !slices.Contains(l.keys, key); l = l.parent {
@@ -528,6 +530,40 @@ func (l *loading) storeOptions() map[string]setOptions {
 // errNoGroupSeq is the group sequence of a load that did not read it:
 // the process had not met groups when the load began.
 var errNoGroupSeq = errors.New("packcache: the load began before this process met groups: it read no group sequence")
+
+// grouped reports whether a load's loader, which returned err, put
+// values in groups (StoreWith) that the load would store.
+func (l *loadRun) grouped(opts map[string]setOptions, err error) bool {
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return false // a failure or DoNotCache: nothing is stored
+	}
+	for _, so := range opts {
+		if len(so.groups) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// again calls fn for keys a second time, for a load that began before
+// this process met groups, and so read no group sequence, and whose
+// loader put values in groups (it met them then): it reads the sequence,
+// then calls fn under a context marked anew (StoreWith works again), and
+// returns what that call returned, the options it set, and the sequence
+// (and the error reading it).
+// Its values are stored as any load's; the first call's are dropped. If
+// the sequence cannot be read, the first call's outcome stands, and its
+// grouped values go to the callers unstored.
+func (l *loadRun) again(ctx context.Context, fn loadFunc, keys []string, vals map[string]any, opts map[string]setOptions, err error) (map[string]any, map[string]setOptions, uint64, error, error) {
+	seq, serr := l.c.groupSeq(ctx, keys[0])
+	if serr != nil {
+		return vals, opts, 0, serr, err
+	}
+	first := loadingOf(ctx)
+	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: first.cache, keys: first.keys, parent: first.parent})
+	vals, err = protect(ctx, fn, keys, callLoadFunc)
+	return vals, loadingOf(ctx).storeOptions(), seq, nil, err
+}
 
 // loadingOf is the load whose context ctx is.
 func loadingOf(ctx context.Context) *loading {

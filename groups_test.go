@@ -174,9 +174,9 @@ func TestGroupsReadThrough(t *testing.T) {
 			}
 			return fmt.Sprintf("%s#%d", key, n), nil
 		})))
-		// The first load of a process that has not met groups does not
-		// store (see StoreWith): the InvalidateGroups below would find it
-		// in place otherwise. Meet them first.
+		// The first load of a process that has not met groups calls its
+		// loader twice (see StoreWith; TestGroupsFirstLoadStored): the
+		// counts below expect one call per load. Meet them first.
 		if err := c.InvalidateGroups(ctx, g+":none"); err != nil {
 			t.Fatal(err)
 		}
@@ -577,4 +577,46 @@ func TestGroupsNearServes(t *testing.T) {
 	if _, err := c.Get(ctx, "ns:1"); !errors.Is(err, packcache.ErrMiss) {
 		t.Errorf("Get after InvalidateGroups: %v", err)
 	}
+}
+
+// TestGroupsFirstLoadStored: the first load of a process that has met no
+// group yet, whose loader puts its value in a group, stores it (the load
+// reads the group sequence and calls its loader again, once: it read no
+// sequence before the first call), and InvalidateGroups then invalidates
+// it. Later loads call their loader once.
+func TestGroupsFirstLoadStored(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		g := fmt.Sprintf("first:%s:%d", tg.Name, time.Now().UnixNano())
+		var loads atomic.Int64
+		c := mustNew[string](t, tg.Client, packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+			n := loads.Add(1)
+			if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("%s#%d", key, n), nil
+		})), packcache.WithShareWindow(packcache.Off)) // each Get reads Redis
+		key := "first:" + g
+		v1, err := c.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := loads.Load()
+		if v, err := c.Get(ctx, key); err != nil || v != v1 || loads.Load() != calls {
+			t.Fatalf("second Get: %q, %v, loader called %d times in all; want %q from Redis (the first load stored nothing)", v, err, loads.Load(), v1)
+		}
+		if calls > 2 {
+			t.Errorf("the first load called its loader %d times, want at most 2", calls)
+		}
+		if err := c.InvalidateGroups(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		v2, err := c.Get(ctx, key)
+		if err != nil || v2 == v1 || loads.Load() != calls+1 {
+			t.Fatalf("Get after InvalidateGroups: %q, %v, loader called %d times; want one more load", v2, err, loads.Load())
+		}
+		if v, err := c.Get(ctx, key); err != nil || v != v2 || loads.Load() != calls+1 {
+			t.Fatalf("Get after the reload: %q, %v; want %q stored", v, err, v2)
+		}
+	})
 }

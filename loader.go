@@ -387,6 +387,9 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := protect(ctx, fn, keys, callLoadFunc)
 	opts := loadingOf(ctx).storeOptions()
+	if seqErr == errNoGroupSeq && l.grouped(opts, err) {
+		vals, opts, seq, seqErr, err = l.again(ctx, fn, keys, vals, opts, err)
+	}
 	// The keeper goes on until the stores are done (the deferred stop): on
 	// a saturated machine a store can wait for a connection longer than a
 	// lease lives, and a lease that died meanwhile would refuse it.
