@@ -620,3 +620,84 @@ func TestGroupsFirstLoadStored(t *testing.T) {
 		}
 	})
 }
+
+// TestGroupsJoinedAcrossProcesses: process A's load of a member began
+// before another process (C) invalidated the group; process B's Gets wait
+// for A's lease (WithLock): one that began before the invalidation, and
+// one that starts after it, joining the first's wait. Neither gets A's
+// value, which its loader read before the invalidation; nothing serves it
+// afterwards. Each cache has a client of its own: another process.
+func TestGroupsJoinedAcrossProcesses(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, near := range []bool{false, true} {
+			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("join:%s:%v:%d", tg.Name, near, time.Now().UnixNano())
+				key := "join:" + g
+				started, release := make(chan struct{}), make(chan struct{})
+				loader := func(name string, block bool) packcache.Option {
+					var n atomic.Int64
+					return packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+						if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+							return "", err
+						}
+						if n.Add(1) == 1 && block {
+							close(started)
+							<-release
+						}
+						return name, nil
+					}))
+				}
+				a := mustNew[string](t, tg.Client, withNear(near, loader("A-old", true))...)
+				b := mustNew[string](t, tg.Client, withNear(near, loader("B-new", false), packcache.WithLock(time.Minute))...)
+				cc := mustNew[string](t, tg.Client, withNear(near)...)
+				for _, c := range []*packcache.Cache[string]{a, b} {
+					if err := c.InvalidateGroups(ctx, g+":meet"); err != nil { // meet groups: one loader call per load
+						t.Fatal(err)
+					}
+				}
+				fromA := make(chan string, 1)
+				go func() {
+					v, err := a.Get(ctx, key)
+					if err != nil {
+						v = err.Error()
+					}
+					fromA <- v
+				}()
+				<-started // A holds the lease, its loader has read the source
+				get := func(out chan<- string) {
+					v, err := b.Get(ctx, key)
+					if err != nil {
+						v = err.Error()
+					}
+					out <- v
+				}
+				before, after := make(chan string, 1), make(chan string, 1)
+				go get(before)
+				waitFor(t, 10*time.Second, "B waiting for A's lease", func() bool {
+					return b.Stats().LockWaits >= 1
+				})
+				if err := cc.InvalidateGroups(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				go get(after)
+				waitFor(t, 10*time.Second, "the second Get of B joining the first", func() bool {
+					return b.Stats().CoalescedWaits >= 1
+				})
+				close(release)
+				if v := <-fromA; v != "A-old" {
+					t.Errorf("A's own caller: %q", v)
+				}
+				if v := <-after; v == "A-old" {
+					t.Errorf("B's Get begun after InvalidateGroups, joined to a wait for A's lease, got A's value, loaded before the invalidation")
+				}
+				<-before
+				for _, c := range []*packcache.Cache[string]{a, b, cc} {
+					if v, err := c.Get(ctx, key); err == nil && v == "A-old" {
+						t.Errorf("a Get after InvalidateGroups served A's value")
+					}
+				}
+			})
+		}
+	})
+}
