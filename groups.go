@@ -545,9 +545,10 @@ func (l *loadRun) grouped(opts map[string]setOptions, err error) bool {
 	return false
 }
 
-// again calls fn for keys a second time, for a load that began before
-// this process met groups, and so read no group sequence, and whose
-// loader put values in groups (it met them then): it reads the sequence,
+// again calls fn for keys again: for a load that began before this
+// process met groups, and so read no group sequence, and whose loader
+// put values in groups (it met them then); or for one that raced an
+// invalidation of its groups (raced). It reads the sequence,
 // then calls fn under a context marked anew (StoreWith works again), and
 // returns what that call returned, the options it set, and the sequence
 // (and the error reading it).
@@ -559,10 +560,75 @@ func (l *loadRun) again(ctx context.Context, fn loadFunc, keys []string, vals ma
 	if serr != nil {
 		return vals, opts, 0, serr, err
 	}
+	l.stamped = nil
 	first := loadingOf(ctx)
 	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: first.cache, keys: first.keys, parent: first.parent})
 	vals, err = protect(ctx, fn, keys, callLoadFunc)
 	return vals, loadingOf(ctx).storeOptions(), seq, nil, err
+}
+
+// maxRaced is how many times a load calls its loader again when an
+// invalidation of its groups raced it.
+const maxRaced = 2
+
+// A groupStamp is what readying the groups' records of a load's values
+// found (stamp).
+type groupStamp struct {
+	groups []string
+	recs   map[string]uint64
+}
+
+// raced readies the records of the groups the loader put values in, for
+// the longest life those values may have, as the store would (envelop
+// uses what it found), and reports whether one of the groups was
+// invalidated after the load read seq: its record is gone, or was made
+// anew since. The load then calls its loader again (again): its values
+// would not be stored, and the callers that joined the load after the
+// invalidation must not get them. (A caller that joins between this
+// check and the load's end, after an invalidation in between, still
+// can: one store's round trip, not the loader's time.)
+func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map[string]setOptions, err error) bool {
+	l.stamped = nil
+	if !l.grouped(opts, err) {
+		return false
+	}
+	var groups []string
+	keep := time.Duration(0)
+	for i := range l.jobs {
+		j := &l.jobs[i]
+		so := opts[j.key]
+		if !j.load || len(so.groups) == 0 {
+			continue
+		}
+		for _, g := range so.groups {
+			if !slices.Contains(groups, g) {
+				groups = append(groups, g)
+			}
+		}
+		// The longest a value or a tombstone of the key may live: jitter
+		// only shortens it (expiry).
+		ttl := j.p.ttl
+		if ttl != Off {
+			ttl = max(ttl, j.p.negativeTTL)
+		}
+		if so.ttlSet {
+			ttl = so.ttl
+		}
+		if ttl == Off || keep == Off {
+			keep = Off
+		} else {
+			keep = max(keep, ttl+j.p.staleFor)
+		}
+	}
+	if len(groups) == 0 {
+		return false
+	}
+	_, recs, serr := l.c.stamp(ctx, "load", keys[0], groups, keep)
+	if serr != nil {
+		return false // envelop tries again, and reports
+	}
+	l.stamped = &groupStamp{groups: groups, recs: recs}
+	return slices.ContainsFunc(groups, func(g string) bool { return recs[g] > seq })
 }
 
 // loadingOf is the load whose context ctx is.
@@ -598,7 +664,11 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 	}
 	var recs map[string]uint64
 	err := seqErr
-	if len(groups) > 0 && err == nil {
+	switch {
+	case len(groups) == 0 || err != nil:
+	case l.stamped != nil && !slices.ContainsFunc(groups, func(g string) bool { return !slices.Contains(l.stamped.groups, g) }):
+		recs = l.stamped.recs // readied by raced, for a life no shorter
+	default:
 		_, recs, err = c.stamp(ctx, "load", writes[0].key, groups, keep)
 	}
 	out := writes[:0]
