@@ -472,7 +472,10 @@ func (m *marks) touchGroup(g string) { m.groups[m.groupStripe(g)].Add(1) }
 // then and calls its loader a second time, and stores and returns what
 // that second call gives. A loader that must not be called twice for one
 // load should have the process meet groups first (an InvalidateGroups of
-// a group no value is in, at start-up).
+// a group no value is in, at start-up). A load that finds, once its
+// loader has returned, that one of the groups it named was invalidated
+// since it read the sequence calls its loader again too (up to twice),
+// so that no caller gets a value read before the invalidation.
 func StoreWith(ctx context.Context, key string, opts ...SetOption) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
 	for ; l != nil && !slices.Contains(l.keys, key); l = l.parent {
