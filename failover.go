@@ -7,8 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
-
-	"github.com/packcache/packcache/internal/owed"
 )
 
 // Pending invalidations through a Cluster failover. go-redis routes a
@@ -157,7 +155,8 @@ func (p *peers) stale() {
 	}
 }
 
-// probe sends the owed DELs of the keys i not ran[i] (keeps[i] is key
+// probe sends the owed invalidations (owedCommand: a DEL, or a group's
+// invalidation script) of the keys i not ran[i] (keeps[i] is key
 // i's spared SHA-1) to up to failoverFanout nodes besides the master the
 // client maps each key's slot to, following their MOVED replies, as
 // described above, within ctx, a Redis budget. It sets ran[i] for each
@@ -205,13 +204,13 @@ func (p *peers) invalidate(ctx context.Context, n *redis.Client, master string, 
 		pipe := n.Pipeline()
 		cmds := make([]redis.Cmder, len(idx))
 		for j, i := range idx {
-			cmds[j] = runScript(ctx, pipe, owed.Script, true, keys[i], keeps[i])
+			cmds[j] = owedCommand(ctx, pipe, true, keys[i], keeps[i])
 		}
 		_, _ = pipe.Exec(ctx)
 		again := false
 		for j, cmd := range cmds {
 			if isNoScript(cmd.Err()) {
-				cmds[j] = runScript(ctx, pipe, owed.Script, false, keys[idx[j]], keeps[idx[j]])
+				cmds[j] = owedCommand(ctx, pipe, false, keys[idx[j]], keeps[idx[j]])
 				again = true
 			}
 		}

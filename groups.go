@@ -465,12 +465,17 @@ func (m *marks) touchGroup(g string) { m.groups[m.groupStripe(g)].Add(1) }
 // the loader returned. A TTL that is neither positive nor Off is an error
 // too.
 //
-// WARNING: a loader that puts its value in groups must have begun after
-// the cache knew of groups: the first load of a process that has not yet
-// met a group (no InGroups, no InvalidateGroups, no grouped value read)
-// returns its grouped value to its callers without storing it, since it
-// did not read the group sequence before calling the loader, and nothing
-// else proves that no InvalidateGroups came in between.
+// WARNING: a load reads the group sequence before it calls its loader
+// only once the process has met groups (InGroups, InvalidateGroups,
+// StoreWith, or a grouped value read): the first load of a process that
+// had not, whose loader puts its value in groups, reads the sequence
+// then and calls its loader a second time, and stores and returns what
+// that second call gives. A loader that must not be called twice for one
+// load should have the process meet groups first (an InvalidateGroups of
+// a group no value is in, at start-up). A load that finds, once its
+// loader has returned, that one of the groups it named was invalidated
+// since it read the sequence calls its loader again too (up to twice),
+// so that no caller gets a value read before the invalidation.
 func StoreWith(ctx context.Context, key string, opts ...SetOption) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
 	for ; l != nil && !slices.Contains(l.keys, key); l = l.parent {
@@ -529,6 +534,106 @@ func (l *loading) storeOptions() map[string]setOptions {
 // the process had not met groups when the load began.
 var errNoGroupSeq = errors.New("packcache: the load began before this process met groups: it read no group sequence")
 
+// grouped reports whether a load's loader, which returned err, put
+// values in groups (StoreWith) that the load would store.
+func (l *loadRun) grouped(opts map[string]setOptions, err error) bool {
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return false // a failure or DoNotCache: nothing is stored
+	}
+	for _, so := range opts {
+		if len(so.groups) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// again calls fn for keys again: for a load that began before this
+// process met groups, and so read no group sequence, and whose loader
+// put values in groups (it met them then); or for one that raced an
+// invalidation of its groups (raced). It reads the sequence,
+// then calls fn under a context marked anew (StoreWith works again), and
+// returns what that call returned, the options it set, and the sequence
+// (and the error reading it).
+// Its values are stored as any load's; the first call's are dropped. If
+// the sequence cannot be read, the first call's outcome stands, and its
+// grouped values go to the callers unstored.
+func (l *loadRun) again(ctx context.Context, fn loadFunc, keys []string, vals map[string]any, opts map[string]setOptions, err error) (map[string]any, map[string]setOptions, uint64, error, error) {
+	seq, serr := l.c.groupSeq(ctx, keys[0])
+	if serr != nil {
+		return vals, opts, 0, serr, err
+	}
+	l.stamped = nil
+	first := loadingOf(ctx)
+	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: first.cache, keys: first.keys, parent: first.parent})
+	vals, err = protect(ctx, fn, keys, callLoadFunc)
+	return vals, loadingOf(ctx).storeOptions(), seq, nil, err
+}
+
+// maxRaced is how many times a load calls its loader again when an
+// invalidation of its groups raced it.
+const maxRaced = 2
+
+// A groupStamp is what readying the groups' records of a load's values
+// found (stamp).
+type groupStamp struct {
+	groups []string
+	recs   map[string]uint64
+}
+
+// raced readies the records of the groups the loader put values in, for
+// the longest life those values may have, as the store would (envelop
+// uses what it found), and reports whether one of the groups was
+// invalidated after the load read seq: its record is gone, or was made
+// anew since. The load then calls its loader again (again): its values
+// would not be stored, and the callers that joined the load after the
+// invalidation must not get them. (A caller that joins between this
+// check and the load's end, after an invalidation in between, still
+// can: one store's round trip, not the loader's time.)
+func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map[string]setOptions, err error) bool {
+	l.stamped = nil
+	if !l.grouped(opts, err) {
+		return false
+	}
+	var groups []string
+	keep := time.Duration(0)
+	for i := range l.jobs {
+		j := &l.jobs[i]
+		so := opts[j.key]
+		if !j.load || len(so.groups) == 0 {
+			continue
+		}
+		for _, g := range so.groups {
+			if !slices.Contains(groups, g) {
+				groups = append(groups, g)
+			}
+		}
+		// The longest a value or a tombstone of the key may live: jitter
+		// only shortens it (expiry).
+		ttl := j.p.ttl
+		if ttl != Off {
+			ttl = max(ttl, j.p.negativeTTL)
+		}
+		if so.ttlSet {
+			ttl = so.ttl
+		}
+		if ttl == Off || keep == Off {
+			keep = Off
+		} else {
+			keep = max(keep, ttl+j.p.staleFor)
+		}
+	}
+	if len(groups) == 0 {
+		return false
+	}
+	_, recs, serr := l.c.stamp(ctx, "load", keys[0], groups, keep)
+	if serr != nil {
+		return false // envelop tries again, and reports
+	}
+	l.stamped = &groupStamp{groups: groups, recs: recs}
+	return slices.ContainsFunc(groups, func(g string) bool { return recs[g] > seq })
+}
+
 // loadingOf is the load whose context ctx is.
 func loadingOf(ctx context.Context) *loading {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
@@ -562,7 +667,11 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 	}
 	var recs map[string]uint64
 	err := seqErr
-	if len(groups) > 0 && err == nil {
+	switch {
+	case len(groups) == 0 || err != nil:
+	case l.stamped != nil && !slices.ContainsFunc(groups, func(g string) bool { return !slices.Contains(l.stamped.groups, g) }):
+		recs = l.stamped.recs // readied by raced, for a life no shorter
+	default:
 		_, recs, err = c.stamp(ctx, "load", writes[0].key, groups, keep)
 	}
 	out := writes[:0]

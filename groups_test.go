@@ -174,9 +174,9 @@ func TestGroupsReadThrough(t *testing.T) {
 			}
 			return fmt.Sprintf("%s#%d", key, n), nil
 		})))
-		// The first load of a process that has not met groups does not
-		// store (see StoreWith): the InvalidateGroups below would find it
-		// in place otherwise. Meet them first.
+		// The first load of a process that has not met groups calls its
+		// loader twice (see StoreWith; TestGroupsFirstLoadStored): the
+		// counts below expect one call per load. Meet them first.
 		if err := c.InvalidateGroups(ctx, g+":none"); err != nil {
 			t.Fatal(err)
 		}
@@ -250,9 +250,11 @@ func TestGroupsSlowLoadNamesGroupLate(t *testing.T) {
 				if v := <-second; v != "load2" {
 					t.Errorf("Get after InvalidateGroups: %q, want a load of its own (load2)", v)
 				}
+				// The slow load raced the invalidation: it calls its loader
+				// again, and its callers get the newer value (load3).
 				close(release)
-				if v := <-first; v != "load1" {
-					t.Errorf("the first Get: %q, want load1", v)
+				if v := <-first; v != "load3" {
+					t.Errorf("the first Get: %q, want load3", v)
 				}
 				// What the slow load stored, if anything, is never served.
 				for range 3 {
@@ -577,4 +579,179 @@ func TestGroupsNearServes(t *testing.T) {
 	if _, err := c.Get(ctx, "ns:1"); !errors.Is(err, packcache.ErrMiss) {
 		t.Errorf("Get after InvalidateGroups: %v", err)
 	}
+}
+
+// TestGroupsFirstLoadStored: the first load of a process that has met no
+// group yet, whose loader puts its value in a group, stores it (the load
+// reads the group sequence and calls its loader again, once: it read no
+// sequence before the first call), and InvalidateGroups then invalidates
+// it. Later loads call their loader once.
+func TestGroupsFirstLoadStored(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		g := fmt.Sprintf("first:%s:%d", tg.Name, time.Now().UnixNano())
+		var loads atomic.Int64
+		c := mustNew[string](t, tg.Client, packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+			n := loads.Add(1)
+			if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("%s#%d", key, n), nil
+		})), packcache.WithShareWindow(packcache.Off)) // each Get reads Redis
+		key := "first:" + g
+		v1, err := c.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := loads.Load()
+		if v, err := c.Get(ctx, key); err != nil || v != v1 || loads.Load() != calls {
+			t.Fatalf("second Get: %q, %v, loader called %d times in all; want %q from Redis (the first load stored nothing)", v, err, loads.Load(), v1)
+		}
+		if calls > 2 {
+			t.Errorf("the first load called its loader %d times, want at most 2", calls)
+		}
+		if err := c.InvalidateGroups(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		v2, err := c.Get(ctx, key)
+		if err != nil || v2 == v1 || loads.Load() != calls+1 {
+			t.Fatalf("Get after InvalidateGroups: %q, %v, loader called %d times; want one more load", v2, err, loads.Load())
+		}
+		if v, err := c.Get(ctx, key); err != nil || v != v2 || loads.Load() != calls+1 {
+			t.Fatalf("Get after the reload: %q, %v; want %q stored", v, err, v2)
+		}
+	})
+}
+
+// TestGroupsJoinedAcrossProcesses: process A's load of a member began
+// before another process (C) invalidated the group; process B's Gets wait
+// for A's lease (WithLock): one that began before the invalidation, and
+// one that starts after it, joining the first's wait. Neither gets A's
+// value, which its loader read before the invalidation; nothing serves it
+// afterwards. Each cache has a client of its own: another process.
+func TestGroupsJoinedAcrossProcesses(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, near := range []bool{false, true} {
+			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("join:%s:%v:%d", tg.Name, near, time.Now().UnixNano())
+				key := "join:" + g
+				started, release := make(chan struct{}), make(chan struct{})
+				loader := func(name string, block bool) packcache.Option {
+					var n atomic.Int64
+					return packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+						if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+							return "", err
+						}
+						first := n.Add(1) == 1
+						if block && first {
+							close(started)
+							<-release
+						}
+						if block && !first {
+							return "A-new", nil // a load again, once the first raced the invalidation
+						}
+						return name, nil
+					}))
+				}
+				a := mustNew[string](t, tg.Client, withNear(near, loader("A-old", true))...)
+				b := mustNew[string](t, tg.Client, withNear(near, loader("B-new", false), packcache.WithLock(time.Minute))...)
+				cc := mustNew[string](t, tg.Client, withNear(near)...)
+				for _, c := range []*packcache.Cache[string]{a, b} {
+					if err := c.InvalidateGroups(ctx, g+":meet"); err != nil { // meet groups: one loader call per load
+						t.Fatal(err)
+					}
+				}
+				fromA := make(chan string, 1)
+				go func() {
+					v, err := a.Get(ctx, key)
+					if err != nil {
+						v = err.Error()
+					}
+					fromA <- v
+				}()
+				<-started // A holds the lease, its loader has read the source
+				get := func(out chan<- string) {
+					v, err := b.Get(ctx, key)
+					if err != nil {
+						v = err.Error()
+					}
+					out <- v
+				}
+				before, after := make(chan string, 1), make(chan string, 1)
+				go get(before)
+				waitFor(t, 10*time.Second, "B waiting for A's lease", func() bool {
+					return b.Stats().LockWaits >= 1
+				})
+				if err := cc.InvalidateGroups(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				go get(after)
+				waitFor(t, 10*time.Second, "the second Get of B joining the first", func() bool {
+					return b.Stats().CoalescedWaits >= 1
+				})
+				close(release)
+				<-fromA
+				if v := <-after; v == "A-old" {
+					t.Errorf("B's Get begun after InvalidateGroups, joined to a wait for A's lease, got A's value, loaded before the invalidation")
+				}
+				<-before
+				for _, c := range []*packcache.Cache[string]{a, b, cc} {
+					if v, err := c.Get(ctx, key); err == nil && v == "A-old" {
+						t.Errorf("a Get after InvalidateGroups served A's value")
+					}
+				}
+			})
+		}
+	})
+}
+
+// TestGroupsJoinedLocalLoad: process B's load of a member began before
+// process C's InvalidateGroups (B's loader read the source before it); a
+// Get of B that starts after the invalidation returned finds B's own
+// lease and joins B's load (B has nothing to tell it of C's
+// invalidation, which, unlike a Delete, leaves the lease in place). It
+// does not get the value read before the invalidation: the load, finding
+// its group invalidated since it read the group sequence, calls its
+// loader again, and every caller gets the second value.
+func TestGroupsJoinedLocalLoad(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		ctx := ctxT(t)
+		g := fmt.Sprintf("gap:%s:%d", tg.Name, time.Now().UnixNano())
+		key := "gap:" + g
+		started, release := make(chan struct{}), make(chan struct{})
+		var n atomic.Int64
+		b := mustNew[string](t, tg.Client, packcache.WithShareWindow(packcache.Off), packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+			if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+				return "", err
+			}
+			if n.Add(1) == 1 {
+				close(started)
+				<-release
+				return "B-old", nil
+			}
+			return "B-new", nil
+		})))
+		cc := mustNew[string](t, tg.Client)
+		if err := b.InvalidateGroups(ctx, g+":meet"); err != nil {
+			t.Fatal(err)
+		}
+		first := make(chan string, 1)
+		go func() { v, _ := b.Get(ctx, key); first <- v }()
+		<-started
+		if err := cc.InvalidateGroups(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		second := make(chan string, 1)
+		go func() { v, _ := b.Get(ctx, key); second <- v }()
+		waitFor(t, 10*time.Second, "the second Get joining", func() bool { return b.Stats().CoalescedWaits >= 1 })
+		close(release)
+		<-first
+		if v := <-second; v != "B-new" {
+			t.Errorf("a Get begun after another process's InvalidateGroups, joined to this process's load begun before it: %q, want B-new", v)
+		}
+		if v, err := b.Get(ctx, key); err != nil || v != "B-new" || n.Load() != 2 {
+			t.Errorf("Get after: %q, %v, %d loader calls; want B-new stored by the second call", v, err, n.Load())
+		}
+	})
 }

@@ -328,6 +328,10 @@ func child(mode string) int {
 			return fail(err)
 		}
 		fmt.Println("got " + v.ID)
+	case "groups": // TestGroupsTwoProcesses
+		if err := groupsChild(rdb, args[1:]); err != nil {
+			return fail(err)
+		}
 	case "dict-read":
 		if err := dictChild(rdb, args[1:]); err != nil {
 			return fail(err)

@@ -346,8 +346,9 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 
 // A loadRun is the work of one load.
 type loadRun struct {
-	c    *cache
-	jobs []loadJob
+	c       *cache
+	jobs    []loadJob
+	stamped *groupStamp // the groups' records, readied once the loader returned (groups.go)
 }
 
 // run settles how each key may store, calls fn for those to load, and
@@ -387,6 +388,12 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := protect(ctx, fn, keys, callLoadFunc)
 	opts := loadingOf(ctx).storeOptions()
+	if seqErr == errNoGroupSeq && l.grouped(opts, err) {
+		vals, opts, seq, seqErr, err = l.again(ctx, fn, keys, vals, opts, err)
+	}
+	for n := 0; n < maxRaced && seqErr == nil && l.raced(sctx, keys, seq, opts, err); n++ {
+		vals, opts, seq, seqErr, err = l.again(ctx, fn, keys, vals, opts, err)
+	}
 	// The keeper goes on until the stores are done (the deferred stop): on
 	// a saturated machine a store can wait for a connection longer than a
 	// lease lives, and a lease that died meanwhile would refuse it.

@@ -28,20 +28,29 @@ type owedStore struct{ c *cache }
 const opInvalidate = "invalidate"
 
 // Invalidate sends the owed DELs through the client, one pipeline per
-// node. An owed group's record (an InvalidateGroups that failed) is sent
-// InvalidateGroups's own script, which also moves the group sequence on:
-// a DEL alone would let a load that began before it store (groups.go).
+// node (owedCommand: what each key is sent).
 func (s owedStore) Invalidate(ctx context.Context, keys, keeps []string) []error {
 	return s.c.roundTripMany(ctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		if isGroupKey(keys[i]) {
-			all := []string{groupSeqKey, keys[i]}
-			if sha {
-				return invalidateScript.EvalSha(ctx, pipe, all)
-			}
-			return invalidateScript.Eval(ctx, pipe, all)
-		}
-		return runScript(ctx, pipe, owed.Script, sha, keys[i], keeps[i])
+		return owedCommand(ctx, pipe, sha, keys[i], keeps[i])
 	})
+}
+
+// owedCommand queues on pipe the retry of key's owed invalidation, as
+// EVALSHA (sha) or EVAL: the owed DEL (owed.Script), sparing keep; or,
+// for a group's record (an InvalidateGroups that failed),
+// InvalidateGroups's own script, which also moves the group sequence on:
+// a DEL alone would let a load that began before it store (groups.go).
+// It is the one rule for every retry, through the client (Invalidate)
+// and to other nodes of a Cluster (failover.go's probe).
+func owedCommand(ctx context.Context, pipe redis.Cmdable, sha bool, key, keep string) *redis.Cmd {
+	if isGroupKey(key) {
+		all := []string{groupSeqKey, key}
+		if sha {
+			return invalidateScript.EvalSha(ctx, pipe, all)
+		}
+		return invalidateScript.Eval(ctx, pipe, all)
+	}
+	return runScript(ctx, pipe, owed.Script, sha, key, keep)
 }
 
 // Probe sends the owed DELs to other nodes of a Cluster (failover.go),

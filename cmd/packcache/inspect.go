@@ -60,23 +60,24 @@ dictionary key readers would refuse.`,
 // keyReport is what inspect finds out about one key; it is also the --json
 // report.
 type keyReport struct {
-	Key         string   `json:"key"`
-	Exists      bool     `json:"exists"`
-	Type        string   `json:"type"`
-	Header      string   `json:"header,omitempty"` // the first byte, "0x04"
-	Kind        string   `json:"kind,omitempty"`   // plain, none, lz4, snappy, zstd, gzip, tombstone, lease, user 0x.., unknown 0x.., empty, dictionary
-	Meaning     string   `json:"meaning,omitempty"`
-	Level       string   `json:"level,omitempty"`
-	Stored      int      `json:"stored_bytes"`
-	Decoded     *int     `json:"decoded_bytes,omitempty"`
-	Ratio       *float64 `json:"ratio,omitempty"` // stored / decoded
-	TTLMillis   int64    `json:"ttl_ms"`          // -1: no expiry, -2: no such key
-	MemoryUsage int64    `json:"memory_usage_bytes,omitempty"`
-	LeaseToken  string   `json:"lease_token,omitempty"`
-	Dictionary  string   `json:"dictionary,omitempty"` // the zstd dictionary a 0x05 value names: its key in Redis, and what it holds; for a dictionary's own key, what readers make of it
-	Error       string   `json:"error,omitempty"`
-	FormatNote  string   `json:"format_note,omitempty"`
-	Notes       []string `json:"notes,omitempty"`
+	Key         string          `json:"key"`
+	Exists      bool            `json:"exists"`
+	Type        string          `json:"type"`
+	Header      string          `json:"header,omitempty"` // the first byte, "0x04"
+	Kind        string          `json:"kind,omitempty"`   // plain, none, lz4, snappy, zstd, gzip, tombstone, lease, user 0x.., unknown 0x.., empty, dictionary
+	Meaning     string          `json:"meaning,omitempty"`
+	Level       string          `json:"level,omitempty"`
+	Stored      int             `json:"stored_bytes"`
+	Decoded     *int            `json:"decoded_bytes,omitempty"`
+	Ratio       *float64        `json:"ratio,omitempty"` // stored / decoded
+	TTLMillis   int64           `json:"ttl_ms"`          // -1: no expiry, -2: no such key
+	MemoryUsage int64           `json:"memory_usage_bytes,omitempty"`
+	LeaseToken  string          `json:"lease_token,omitempty"`
+	Envelope    *envelopeReport `json:"envelope,omitempty"`   // a value in groups or with a TTL of its own: its envelope, and its groups' state; header, kind and sizes are then those of the value inside
+	Dictionary  string          `json:"dictionary,omitempty"` // the zstd dictionary a 0x05 value names: its key in Redis, and what it holds; for a dictionary's own key, what readers make of it
+	Error       string          `json:"error,omitempty"`
+	FormatNote  string          `json:"format_note,omitempty"`
+	Notes       []string        `json:"notes,omitempty"`
 
 	Value       json.RawMessage `json:"value,omitempty"`        // the decoded JSON
 	ValueBase64 []byte          `json:"value_base64,omitempty"` // a decoded value that is not JSON
@@ -181,6 +182,16 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 		return nil, fmt.Errorf("GET %s: %w", key, err)
 	}
 	r.stored, r.Stored, r.MemoryUsage = v, len(v), mem.Val()
+	if isGroupKey(key) {
+		return r, inspectGroupKey(ctx, c, r, key, v)
+	}
+	if len(v) > 0 && v[0] == codec.HeaderExtended {
+		inner, err := inspectEnvelope(ctx, c, r, v)
+		if err != nil || inner == nil {
+			return r, err
+		}
+		v = inner // inspected as any value, but for the stored size
+	}
 	k := classifyKey(key, v, len(v))
 	var b byte
 	if len(v) > 0 {
@@ -220,7 +231,7 @@ func inspectKey(ctx context.Context, c *conn, key string) (*keyReport, error) {
 	n := len(decoded)
 	r.Decoded = &n
 	if n > 0 {
-		ratio := float64(len(v)) / float64(n)
+		ratio := float64(r.Stored) / float64(n)
 		r.Ratio = &ratio
 	}
 	r.Level = levelNote(k, b, decoded, v, d)
@@ -337,8 +348,11 @@ func printReport(w io.Writer, r *keyReport, raw bool) {
 		return
 	}
 	row("type", "string")
+	if r.Envelope != nil {
+		printEnvelope(row, r.Envelope)
+	}
 	switch {
-	case r.Kind == "dictionary":
+	case r.Kind == "dictionary" || r.Kind == "group":
 		row("key", "%s", r.Meaning)
 	case r.Header != "":
 		row("header", "%s %s", r.Header, r.Meaning)

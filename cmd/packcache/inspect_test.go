@@ -133,7 +133,7 @@ func TestInspectUndecodable(t *testing.T) {
 		}{
 			{"u:user", []byte("\x12payload"), []string{"unknown header byte 0x12", "FORMAT.md section 6", "user codec 0x12"}},
 			{"u:reserved", []byte("\x06payload"), []string{"unknown header byte 0x06", "FORMAT.md section 7", "future built-in codecs"}},
-			{"u:ext", []byte("\x0bpayload"), []string{"FORMAT.md section 7", "extended header"}},
+			{"u:ext", []byte("\x0bpayload"), []string{"envelope", "malformed envelope", "FORMAT.md section 2.4"}}, // 0x0b is the envelope now; this one runs past the value
 			{"u:version", []byte("\x7fpayload"), []string{"version escape"}},
 			{"u:nul", []byte("\x00"), []string{"never assigned"}},
 			{"u:long0e", []byte("\x0exx"), []string{"FORMAT.md section 2.1"}},

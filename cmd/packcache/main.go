@@ -12,11 +12,13 @@
 //	packcache [connection flags] recompress --prefix P --codec NAME [--level L] [--compress-above N]
 //	                                     [--dictionary FILE | --dictionary-id ID]
 //	                                     [--dry-run] [--rate N/s] [--cursor C]
+//	packcache [connection flags] invalidate --group NAME...
 //
 // inspect, stats and advise only read, but for advise --train --publish,
 // which stores the dictionary it trained. recompress writes, and only with
 // a compare-and-set that leaves alone any value that changed after it was
-// read. The two that write need the server named (--addr, --url,
+// read. invalidate invalidates groups of values (FORMAT.md section 2.4).
+// The three that write need the server named (--addr, --url,
 // $PACKCACHE_ADDR or $PACKCACHE_URL); the others default to
 // 127.0.0.1:6379 and say so. Values written with a zstd dictionary are read with the dictionary
 // Redis holds for them (FORMAT.md section 3.6). docs/packcache.md at the root of the repository has examples with
@@ -124,10 +126,11 @@ The server is the one --addr or --url names or, without either, $PACKCACHE_ADDR
 
 inspect, stats and advise only read (SCAN, GET, GETRANGE, STRLEN, PTTL, TYPE, INFO,
 MEMORY USAGE); with no server named they read 127.0.0.1:6379 and say so on stderr.
-Two commands write, and refuse to run until the server is named: recompress, through a
-compare-and-set script (and, with --dictionary, the dictionary's key), and
+Three commands write, and refuse to run until the server is named: recompress, through a
+compare-and-set script (and, with --dictionary, the dictionary's key),
 advise --train --publish, which stores the dictionary it trained under
-packcache:dict:ID.`,
+packcache:dict:ID, and invalidate, which invalidates groups of values (one script on
+the keys under {packcache:g}).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -140,6 +143,7 @@ packcache:dict:ID.`,
 		newStatsCmd(&cf),
 		newAdviseCmd(&cf),
 		newRecompressCmd(&cf),
+		newInvalidateCmd(&cf),
 	)
 	root.CompletionOptions.DisableDefaultCmd = true
 	// A subcommand runs only once cobra has checked its flags and

@@ -347,6 +347,8 @@ func TestWritesNeedServer(t *testing.T) {
 			{"recompress", "--prefix", "wn:", "--codec", "zstd", "--compress-above", "0"},
 			{"--cluster", "recompress", "--prefix", "wn:", "--codec", "zstd", "--compress-above", "0"},
 			{"advise", "--prefix", "wn:", "--train", "--publish", "--dictionary-out", filepath.Join(t.TempDir(), "x.dict")},
+			{"invalidate", "--group", "wn"},
+			{"--cluster", "invalidate", "--group", "wn"},
 		} {
 			res := cli(t, args...)
 			if res.code != exitUsage || !strings.Contains(res.stderr, "writes, so it needs its server named") {
@@ -360,6 +362,9 @@ func TestWritesNeedServer(t *testing.T) {
 		}
 		if n := len(tg.Client.Keys(t.Context(), "packcache:dict:*").Val()); n != 0 {
 			t.Errorf("%d dictionaries published by a command that named no server", n)
+		}
+		if n := tg.Client.Exists(t.Context(), groupSeqKey).Val(); n != 0 {
+			t.Errorf("invalidate moved the group sequence on a server it was not told of")
 		}
 
 		// Reading: the default, said.

@@ -193,7 +193,7 @@ func headerNote(b byte, n int) string {
 	case b >= 0x06 && b <= 0x08:
 		s = `FORMAT.md section 7: 06-08 are reserved for "future built-in codecs"; a newer writer may use them.`
 	case b == 0x0b:
-		s = `FORMAT.md section 7: 0B is reserved for the extended header. "Today readers treat 0B as an unknown header, so writers must not write it until every reader understands it."`
+		s = `FORMAT.md section 2.4: 0B is the envelope, around a value in groups or with a TTL of its own; inspect reads it.`
 	case b == codec.HeaderTombstone && n > 1:
 		s = `FORMAT.md section 2.1: "A value longer than one byte that begins with 0E is an unknown header."`
 	case b == 0x0f:
