@@ -93,7 +93,10 @@ const (
 	//
 	// WARNING: only Get, GetOrLoad and Serve fill a TrackKeys near cache,
 	// not GetMany and GetOrLoadMany (they read many keys in one pipeline
-	// per node on the application's client). A failure of one of the near
+	// per node on the application's client), and only through one of its
+	// 4 reading connections per master: a read that finds them all busy is
+	// made on the application's client, and fills nothing. Those
+	// connections do not run the application's client's hooks. A failure of one of the near
 	// cache's reading connections (a timeout, a dropped connection) empties
 	// the near cache, since Redis forgets the keys that connection read.
 	TrackKeys

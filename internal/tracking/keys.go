@@ -118,9 +118,9 @@ func (rd *Read) Pipeline() redis.Pipeliner { return rd.pipe }
 
 // Reader returns a tracked read of key, under CLIENT CACHING yes, on a
 // reader connection to key's master; nil when there is none to be had
-// (not NewKeys, the master's listener not subscribed, or ctx ended while
-// every reader was busy): the key is then read as without tracking, and
-// must not enter a near cache. write says that the read's command is a
+// (not NewKeys, the master's listener not subscribed, every reader busy):
+// the key is then read as without tracking, and must not enter a near
+// cache. write says that the read's command is a
 // write (SET ... GET): Redis tracks only read-only commands, so an
 // EXISTS of key, which is, comes first.
 func (tr *Tracker) Reader(ctx context.Context, key string, write bool) *Read {
@@ -135,12 +135,12 @@ func (tr *Tracker) Reader(ctx context.Context, key string, write bool) *Read {
 	if rs == nil {
 		return nil
 	}
+	// Never wait for a reader: a read waiting would spend its caller's
+	// budget; it is made on the application's client instead.
 	var r *reader
 	select {
 	case r = <-rs.free:
-	case <-rs.closed:
-		return nil
-	case <-ctx.Done():
+	default:
 		return nil
 	}
 	rd := &Read{tr: tr, rs: rs, r: r, pipe: r.conn.Pipeline()}
