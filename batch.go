@@ -75,7 +75,7 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 			j = judgement{v: vOwed} // see get
 		}
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
-			c.keepNear(k, p, tickets[i], j)
+			c.keepNear(k, p, tickets[i], j, rp)
 		}
 		load, err := c.rule(ctx, k, j, readThrough)
 		switch {

@@ -368,7 +368,7 @@ func (c *cache) stats() Stats {
 	for _, n := range c.nears {
 		s.NearBytes += n.entries.WeightedSize()
 	}
-	s.NearServing = c.tracker != nil && len(c.nears) > 0 && c.nears[0].gate.Open()
+	s.NearServing = len(c.nears) > 0 && c.nears[0].gate.Open()
 	o := c.owed.Stats()
 	s.Pending, s.PendingKept, s.PendingApplied, s.PendingExpired, s.PendingDropped = o.Owed, o.Kept, o.Applied, o.Expired, o.Dropped
 	c.nodes.Each(func(b *breaker.Node) {

@@ -69,6 +69,14 @@ var (
 	// more and reports those it could not apply.
 	ErrPending = errors.New("packcache: invalidation pending")
 
+	// ErrTrackingRefused is returned by New when a near cache needs CLIENT
+	// TRACKING (see WithLocalCache) and a server answered it with an
+	// error: a command renamed or removed, as some managed services do, or
+	// an ACL that forbids it. The error names the server and quotes its
+	// reply. LocalCache.Untracked makes a near cache that needs no
+	// tracking.
+	ErrTrackingRefused = errors.New("packcache: near cache: CLIENT TRACKING refused")
+
 	// ErrClosed is returned by every call made after Close. It matches
 	// nothing else.
 	ErrClosed = errors.New("packcache: cache is closed")

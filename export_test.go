@@ -1,5 +1,11 @@
 package packcache
 
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
 // Serializers the tests use that the package does not export: an
 // application writes its own in a few lines.
 var (
@@ -25,4 +31,33 @@ func SlotWaiters[T any](c *Cache[T]) int64 {
 // has ended, not only that its value is stored.
 func LoadsUnderWay[T any](c *Cache[T]) int {
 	return c.core.loads.Len()
+}
+
+// WithTrackedReadHook adds h to the clients of the connections a TrackKeys
+// near cache reads on, as the application's hooks are on its client.
+func WithTrackedReadHook(h redis.Hook) Option {
+	return func(cfg *config) error {
+		cfg.readHooks = append(cfg.readHooks, h)
+		return nil
+	}
+}
+
+// NearReceived returns how many invalidation messages naming keys c's near
+// cache has received, and how many keys they named.
+func NearReceived[T any](c *Cache[T]) (messages, keys uint64) {
+	return c.core.tracker.Received()
+}
+
+// NearExpiry returns when key's near-cache entry ends, if c's near cache
+// holds one.
+func NearExpiry[T any](c *Cache[T], key string) (time.Time, bool) {
+	n := c.core.policy(key).near
+	if n == nil {
+		return time.Time{}, false
+	}
+	e, ok := n.entries.GetIfPresent(key)
+	if !ok {
+		return time.Time{}, false
+	}
+	return n.gate.Epoch().Add(time.Duration(e.expires)), true
 }

@@ -72,12 +72,11 @@ func (r *failoverReads) since(t time.Time) (n, answered, old int, lastOld time.T
 // pipeline where the first case sends a single command).
 func TestPendingFollowsFailover(t *testing.T) {
 	// Not parallel: it holds the landing to a bound from the promotion.
-	for _, near := range []bool{false, true} {
-		t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) { testPendingFollowsFailover(t, near) })
-	}
+	t.Run("near=false", func(t *testing.T) { testPendingFollowsFailover(t, false, packcache.TrackPrefixes) })
+	eachTracking(t, func(t *testing.T, tk packcache.Tracking) { testPendingFollowsFailover(t, true, tk) })
 }
 
-func testPendingFollowsFailover(t *testing.T, near bool) {
+func testPendingFollowsFailover(t *testing.T, near bool, tk packcache.Tracking) {
 	cl := redistest.StartClusterWithReplicas(t, 3, 1)
 	ctx := ctxT(t)
 	noRetry := func(o *redis.ClusterOptions) { o.MaxRetries = -1 }
@@ -86,11 +85,11 @@ func testPendingFollowsFailover(t *testing.T, near bool) {
 	opts := []packcache.Option{packcache.WithLoader[string](db), packcache.WithShareWindow(packcache.Off),
 		packcache.WithRedisTimeout(300 * time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute), packcache.WithObserver(rec)}
 	if near {
-		opts = advNear(200*time.Millisecond, opts...)
+		opts = advNear(tk, 200*time.Millisecond, opts...)
 	}
 	w := mustNew[string](t, cl.Client(t, noRetry), opts...)
 	// Another process: a client and a cache of their own, no loader.
-	o := mustNew[string](t, cl.Client(t, noRetry), advNear(200*time.Millisecond, packcache.WithRedisTimeout(300*time.Millisecond))...)
+	o := mustNew[string](t, cl.Client(t, noRetry), advNear(tk, 200*time.Millisecond, packcache.WithRedisTimeout(300*time.Millisecond))...)
 
 	const key = "fo:k"
 	m := cl.NodeForKey(t, key)

@@ -70,7 +70,7 @@ func checkInvalidationCost(t *testing.T, cmds map[string]int64, groups int) {
 
 func withNear(near bool, opts ...packcache.Option) []packcache.Option {
 	if near {
-		return nearOpts(opts...)
+		return nearOpts(packcache.TrackPrefixes, opts...)
 	}
 	return opts
 }
@@ -447,7 +447,7 @@ func TestStoreWithTTL(t *testing.T) {
 	_ = s
 	ctx := ctxT(t)
 	var loads atomic.Int64
-	c := mustNew[string](t, rdb, nearOpts(packcache.WithTTL(time.Hour), packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
+	c := mustNew[string](t, rdb, nearOpts(packcache.TrackPrefixes, packcache.WithTTL(time.Hour), packcache.WithLoader(packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 		n := loads.Add(1)
 		if strings.HasPrefix(key, "none:") {
 			if err := packcache.StoreWith(ctx, key, packcache.SetTTL(3*time.Second)); err != nil {
@@ -559,7 +559,7 @@ func TestGroupsPending(t *testing.T) {
 func TestGroupsNearServes(t *testing.T) {
 	s, rdb := single(t)
 	ctx := ctxT(t)
-	c := mustNew[string](t, rdb, nearOpts()...)
+	c := mustNew[string](t, rdb, nearOpts(packcache.TrackPrefixes)...)
 	if err := c.Set(ctx, "ns:1", "v", packcache.InGroups("ns")); err != nil {
 		t.Fatal(err)
 	}

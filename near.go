@@ -2,6 +2,7 @@ package packcache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -48,7 +49,58 @@ type LocalCache struct {
 	// that Redis completed more than MaxLag before a Get began is never
 	// hidden from it.
 	MaxLag time.Duration
+
+	// Tracking is what Redis tells this process of: writes of every key
+	// under the near-cached prefixes (TrackPrefixes, the default), or only
+	// of the keys this process read into its near cache (TrackKeys). See
+	// Tracking.
+	Tracking Tracking
+
+	// Untracked, if not zero, makes a near cache that no invalidation
+	// keeps: an entry is served for at most Untracked after the read that
+	// filled it was sent (and never past TTL, nor past its value's life
+	// in Redis), whatever is written meanwhile. It is for a server without
+	// CLIENT TRACKING, where New refuses a near cache otherwise (see
+	// ErrTrackingRefused). MaxLag and Tracking do not apply; TrackKeys with
+	// Untracked is refused.
+	//
+	// WARNING: entries of an Untracked near cache are never invalidated by
+	// writes, not even by the writes of other processes through packcache:
+	// a Get may return a value up to Untracked older than what Redis holds.
+	// This process's own Set, SetMany and Delete still drop its own entry.
+	Untracked time.Duration
 }
+
+// Tracking is how a near cache learns that a key was written.
+type Tracking uint8
+
+const (
+	// TrackPrefixes has Redis send this process the name of every key
+	// written under the near-cached prefixes (CLIENT TRACKING in broadcast
+	// mode), whether or not the process holds it: one message per write
+	// per process, however few keys the process holds. It costs Redis no
+	// memory per key.
+	TrackPrefixes Tracking = iota
+
+	// TrackKeys has Redis remember which keys this process read into its
+	// near cache (CLIENT TRACKING in OPTIN mode: each read that fills the
+	// near cache runs, after CLIENT CACHING yes, on a connection of the
+	// near cache's own), and send it a key's invalidation only if it read
+	// the key since the last one: a process receives about one message per
+	// key it read, not one per write of the prefix. Redis keeps a record
+	// per key and reading process (its tracking table, bounded by the
+	// server's tracking-table-max-keys).
+	//
+	// WARNING: only Get, GetOrLoad and Serve fill a TrackKeys near cache,
+	// not GetMany and GetOrLoadMany (they read many keys in one pipeline
+	// per node on the application's client), and only through one of its
+	// 4 reading connections per master: a read that finds them all busy is
+	// made on the application's client, and fills nothing. Those
+	// connections do not run the application's client's hooks. A failure of one of the near
+	// cache's reading connections (a timeout, a dropped connection) empties
+	// the near cache, since Redis forgets the keys that connection read.
+	TrackKeys
+)
 
 // The near cache's defaults, for its zero fields.
 const (
@@ -80,6 +132,14 @@ func (lc *LocalCache) check() error {
 		return fmt.Errorf("LocalCache: TTL %v is negative", lc.TTL)
 	}
 	switch {
+	case lc.Tracking > TrackKeys:
+		return fmt.Errorf("LocalCache: Tracking %d is neither TrackPrefixes nor TrackKeys", lc.Tracking)
+	case lc.Untracked < 0:
+		return fmt.Errorf("LocalCache: Untracked %v is negative", lc.Untracked)
+	case lc.Untracked > 0 && lc.Tracking == TrackKeys:
+		return errors.New("LocalCache: Untracked and TrackKeys: an untracked near cache tracks nothing")
+	}
+	switch {
 	case lc.MaxLag == 0:
 		lc.MaxLag = defaultNearMaxLag
 	case lc.MaxLag < 0:
@@ -107,7 +167,10 @@ func (lc *LocalCache) check() error {
 // completed before a Get began. If an invalidation connection drops or
 // stalls, the near cache stops serving, and is emptied before it serves
 // again. This process's own Set, SetMany and Delete remove the entry at
-// once. A read or load that began before a write never puts its value in
+// once. With LocalCache.Tracking set to TrackKeys, Redis tracks only the
+// keys this process read into its near cache (see Tracking). New fails
+// with ErrTrackingRefused where a server refuses CLIENT TRACKING, unless
+// the near cache is LocalCache.Untracked, bounded by time alone. A read or load that began before a write never puts its value in
 // the near cache after that write.
 //
 // Only values read from Redis enter the near cache: not values loaded
@@ -203,6 +266,9 @@ func (n *near) get(key string) (nearEntry, bool) {
 func (n *near) put(key string, t ticket, gt groupTickets, r result, until time.Time) {
 	if !n.gate.Admits(key) || !n.marks.valid(key, t) || !n.marks.groupsValid(gt) {
 		return
+	}
+	if until.IsZero() && n.lc.Untracked > 0 {
+		return // an untracked entry's end is always given (see keepNear)
 	}
 	var eg *httpenc.Edge
 	var stored int64
@@ -310,8 +376,24 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 			c.nearClock.Stop()
 		}
 	}()
-	var tracked []string
+	var tracked []string // broadcast prefixes
 	minLag := time.Duration(0)
+	keys := false // a near cache tracks per key
+	anyTracked := false
+	track := func(prefix string, lc LocalCache) {
+		switch {
+		case lc.Untracked > 0:
+			return
+		case lc.Tracking == TrackKeys:
+			keys = true
+		default:
+			tracked = append(tracked, prefix)
+		}
+		anyTracked = true
+		if minLag == 0 || lc.MaxLag < minLag {
+			minLag = lc.MaxLag
+		}
+	}
 	add := func(p *policy, lc LocalCache) error {
 		if c.nearClock == nil {
 			// Otter's expiry needs no precision (see newNear): one read of
@@ -324,10 +406,7 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		}
 		p.near = n
 		c.nears = append(c.nears, n)
-		tracked = append(tracked, p.prefix)
-		if minLag == 0 || n.lc.MaxLag < minLag {
-			minLag = n.lc.MaxLag
-		}
+		track(p.prefix, n.lc)
 		return nil
 	}
 	if lc := cfg.base.Local; !lc.zero() && lc.MaxBytes != Off {
@@ -340,7 +419,7 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		case own.zero():
 			if c.base.near != nil {
 				p.near = c.base.near
-				tracked = append(tracked, p.prefix)
+				track(p.prefix, p.near.lc)
 			}
 		case own.MaxBytes != Off:
 			if err := add(p, own); err != nil {
@@ -352,19 +431,30 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		return nil
 	}
 	c.marks.seed = maphash.MakeSeed()
+	if !anyTracked {
+		// Untracked near caches alone: bounded by time, no stream.
+		for _, n := range c.nears {
+			n.gate = tracking.Untracked()
+		}
+		return nil
+	}
 	// The groups' records too: a near cache drops a group's members when
 	// another process invalidates it (groups.go).
 	tracked = append(tracked, groupPrefix)
-	tr, err := tracking.New(rdb, tracked, minLag/4, streamHandler{c})
+	tr, err := c.startTracker(rdb, tracked, minLag/4, keys, cfg.readHooks)
 	if err != nil {
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
 		}
-		return fmt.Errorf("packcache: %w", err)
+		return err
 	}
 	c.tracker = tr
 	for _, n := range c.nears {
-		n.gate = tr.Gate(n.lc.MaxLag)
+		if n.lc.Untracked > 0 {
+			n.gate = tracking.Untracked()
+		} else {
+			n.gate = tr.Gate(n.lc.MaxLag)
+		}
 	}
 	return nil
 }
@@ -374,19 +464,34 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 // Redis, counted from when the read was sent (Redis expires it later
 // still), nor past the moment it turns stale or due for refresh: a value
 // that expires now (PTTL 0) is not kept at all.
-func (c *cache) keepNear(key string, p *policy, t ticket, j judgement) {
+//
+// Under TrackKeys only a tracked read (rp.tracked) is kept; an Untracked
+// entry ends Untracked after its read was sent.
+func (c *cache) keepNear(key string, p *policy, t ticket, j judgement, rp reply) {
+	lc := p.near.lc
+	if lc.Tracking == TrackKeys && !rp.tracked {
+		return
+	}
 	var until time.Time // zero: no expiry; the near cache's TTL caps it
+	if lc.Untracked > 0 {
+		if rp.sent.IsZero() {
+			return
+		}
+		until = rp.sent.Add(lc.Untracked)
+	}
 	if j.left >= 0 {
-		until = j.expires.Add(-p.staleFor) // stale from then
+		if stale := j.expires.Add(-p.staleFor); until.IsZero() || stale.Before(until) {
+			until = stale // stale from then
+		}
 		if p.refreshAfter > 0 {
 			// Due once its age, TTL + StaleFor - left, reaches RefreshAfter.
 			if due := j.expires.Add(p.refreshAfter - j.ttl - p.staleFor); due.Before(until) {
 				until = due
 			}
 		}
-		if !time.Now().Before(until) {
-			return
-		}
+	}
+	if !until.IsZero() && !time.Now().Before(until) {
+		return
 	}
 	p.near.put(key, t, j.marks, j.r, until)
 }

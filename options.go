@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 	"github.com/packcache/packcache/internal/dictset"
@@ -166,6 +168,7 @@ type config struct {
 	observer     Observer
 	envNamespace string              // WithEnv: "" when unset
 	envSet       map[string][]string // WithEnv: the variables set, by prefix ("" for the base)
+	readHooks    []redis.Hook        // tests: hooks of a TrackKeys near cache's reading connections
 }
 
 var defaultBreaker = breaker.Config{Failures: 5, Cooldown: time.Second}

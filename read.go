@@ -130,7 +130,7 @@ func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
 	}
 	j := c.judge(key, p, rp, f.ld != nil)
 	if p.near != nil && j.v == vHit && !j.refresh {
-		c.keepNear(key, p, t, j)
+		c.keepNear(key, p, t, j, rp)
 	}
 	return c.act(ctx, f, j)
 }
@@ -337,6 +337,10 @@ type reply struct {
 	// ttl, for the value inside, the TTL its envelope recorded.
 	grouped *groupedReply
 	ttl     time.Duration
+	// tracked says that Redis tracks the key for this process's TrackKeys
+	// near cache since before the read; untracked, that the read is made
+	// on the client (see nearPipeline).
+	tracked, untracked bool
 }
 
 // fetch reads key from Redis (see roundTrip): the value, and its time to
@@ -393,11 +397,14 @@ func (c *cache) read(ctx context.Context, key string, p *policy, rp *reply) (err
 		rp.s, err = get.Result()
 		return err
 	}
-	pipe := c.rdb.Pipeline()
+	pipe, rd := c.nearPipeline(ctx, key, p, rp) // under TrackKeys, a tracked connection's (near_keys.go)
 	_ = pipe.Process(ctx, get)
 	pttl := pipe.PTTL(ctx, key)
 	rp.sent = time.Now()
 	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if trackedEnd(rd, get, rp) {
+		return c.read(ctx, key, p, rp) // again, on the client
+	}
 	if rp.s, err = get.Result(); err == nil {
 		// Only with a value: where the read placed a lease, PTTL tells
 		// the lease's time, never a value's.

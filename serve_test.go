@@ -714,7 +714,7 @@ func TestServeConcurrentEdge(t *testing.T) {
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "the near cache needs CLIENT TRACKING, which miniredis lacks")
 	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb, nearOpts()...)
+	c := mustNew[Channel](t, rdb, nearOpts(packcache.TrackPrefixes)...)
 	a, b := makeChannel(10, 16<<10), makeChannel(11, 16<<10)
 	if err := c.Set(ctx, "k", a); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,9 @@
 // it holds one connection per Redis master (following a Cluster's
 // topology and a Sentinel client's failovers) on which tracking is on in
 // broadcast mode for the near-cached prefixes, and tells its Handler the
-// name of every key under them that anything writes, expires or evicts.
+// name of every key under them that anything writes, expires or evicts;
+// with NewKeys, also of every key read through one of its tracked reads
+// (keys.go). Probe asks a server, before, whether it accepts tracking.
 //
 // What a caller can rely on:
 //
@@ -75,8 +77,14 @@ type Handler interface {
 // again.
 type Tracker struct {
 	prefixes []string // BCAST prefixes; none: every key
-	interval time.Duration
-	h        Handler
+	keys     bool     // reader connections track keys too (see keys.go)
+	hooks    []redis.Hook
+
+	// received counts the invalidation messages the listeners received,
+	// and the keys they named (see Received).
+	received, receivedKeys atomic.Uint64
+	interval               time.Duration
+	h                      Handler
 
 	// base is the dedicated client's options (nil for a cluster, whose
 	// masters' options are taken from its node clients).
@@ -135,6 +143,15 @@ func (g *Gate) OpenNow() (now int64, open bool) {
 	now = int64(time.Since(g.epoch))
 	until := g.until.Load()
 	return now, until != 0 && now < until
+}
+
+// Untracked returns a gate that is always open and admits every key, for
+// a near cache bounded by time alone: no tracker keeps it, and nothing
+// invalidates it.
+func Untracked() *Gate {
+	g := &Gate{epoch: time.Now()}
+	g.until.Store(1<<63 - 1)
+	return g
 }
 
 // Epoch is the time the gate's readings count from.
@@ -212,6 +229,13 @@ type listener struct {
 	// runID is the run_id of the server the connection reached, read when
 	// it connects, for the failover check.
 	runID atomic.Pointer[string]
+
+	// With tracking per key (keys.go): opt dials the readers, id is the
+	// connection's CLIENT ID, which they redirect to, and readers are
+	// those of the connection now subscribed.
+	opt     redis.Options
+	id      atomic.Int64
+	readers atomic.Pointer[readers]
 }
 
 const invalidationChannel = "__redis__:invalidate"
@@ -227,7 +251,19 @@ const invalidationChannel = "__redis__:invalidate"
 // The gates stay closed until the connections have subscribed and a
 // heartbeat has come back; New does not wait for that.
 func New(rdb redis.UniversalClient, prefixes []string, interval time.Duration, h Handler) (*Tracker, error) {
+	return newTracker(rdb, prefixes, interval, h, false, nil)
+}
+
+// NewKeys is New, and the tracker also tracks per key: see Reader. The
+// reader connections' clients are given hooks.
+func NewKeys(rdb redis.UniversalClient, prefixes []string, interval time.Duration, h Handler, hooks ...redis.Hook) (*Tracker, error) {
+	return newTracker(rdb, prefixes, interval, h, true, hooks)
+}
+
+func newTracker(rdb redis.UniversalClient, prefixes []string, interval time.Duration, h Handler, keys bool, hooks []redis.Hook) (*Tracker, error) {
 	tr := &Tracker{
+		keys:     keys,
+		hooks:    hooks,
 		prefixes: coverPrefixes(prefixes),
 		interval: interval,
 		h:        h,
@@ -358,6 +394,7 @@ func (tr *Tracker) add(addr string, opt *redis.Options) {
 		if err != nil {
 			return err
 		}
+		lp.Load().id.Store(id)
 		args := []any{"CLIENT", "TRACKING", "on", "REDIRECT", id, "BCAST"}
 		for _, p := range tr.prefixes {
 			args = append(args, "PREFIX", p)
@@ -375,7 +412,7 @@ func (tr *Tracker) add(addr string, opt *redis.Options) {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(tr.ctx)
-	l := &listener{addr: addr, client: redis.NewClient(&o), stop: cancel}
+	l := &listener{addr: addr, client: redis.NewClient(&o), stop: cancel, opt: *opt}
 	lp.Store(l)
 	l.ps = l.client.Subscribe(ctx, invalidationChannel)
 	tr.mu.Lock()
@@ -414,6 +451,11 @@ const receiveSlice = 100 * time.Millisecond
 func (tr *Tracker) listen(ctx context.Context, l *listener) {
 	defer l.client.Close()
 	defer func() { l.ps.Close() }() // l.ps may be replaced after a failover
+	defer func() {
+		if rs := l.readers.Swap(nil); rs != nil {
+			rs.close()
+		}
+	}()
 	var lastPing time.Time
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
@@ -422,7 +464,13 @@ func (tr *Tracker) listen(ctx context.Context, l *listener) {
 			if tr.failover != nil && !tr.sameServer(ctx, l, &backoff) {
 				continue // no heartbeat: the proof lapses
 			}
-			if err := l.ps.Ping(ctx, strconv.FormatInt(int64(time.Since(tr.epoch)), 10)); err != nil {
+			// The proof counts from when the heartbeat was sent, or, with
+			// tracking per key, from when the readers were proved alive.
+			proof := int64(time.Since(tr.epoch))
+			if tr.keys {
+				proof = tr.pingReaders(ctx, l)
+			}
+			if err := l.ps.Ping(ctx, strconv.FormatInt(proof, 10)); err != nil {
 				tr.down(ctx, l, err, &backoff)
 				continue
 			}
@@ -458,6 +506,8 @@ func (tr *Tracker) listen(ctx context.Context, l *listener) {
 			if len(keys) == 0 {
 				keys = []string{m.Payload}
 			}
+			tr.received.Add(1)
+			tr.receivedKeys.Add(uint64(len(keys)))
 			tr.h.Invalidate(keys)
 		case *redis.Pong:
 			if !l.subscribed.Load() {
@@ -475,6 +525,17 @@ func (tr *Tracker) listen(ctx context.Context, l *listener) {
 				// from now on.
 				l.confirmed.Store(0)
 				tr.recheck()
+				if tr.keys {
+					// Readers that redirect to this connection, before
+					// the near cache is emptied of what the old ones read.
+					var run string
+					if p := l.runID.Load(); p != nil {
+						run = *p
+					}
+					if old := l.readers.Swap(tr.newReaders(l.opt, l.id.Load(), run)); old != nil {
+						old.close()
+					}
+				}
 				tr.h.Flush()
 				l.subscribed.Store(true)
 				lastPing = time.Time{}
@@ -569,7 +630,7 @@ func (g *Gate) Admits(key string) bool {
 		return false
 	}
 	tr := g.tr
-	if tr.cluster == nil {
+	if tr == nil || tr.cluster == nil {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(tr.ctx, 50*time.Millisecond)
@@ -586,6 +647,13 @@ func (g *Gate) Admits(key string) bool {
 		}
 	}
 	return false
+}
+
+// Received returns how many invalidation messages naming keys the
+// listeners have received, and how many keys they named: what the stream
+// costs this process.
+func (tr *Tracker) Received() (messages, keys uint64) {
+	return tr.received.Load(), tr.receivedKeys.Load()
 }
 
 // Close stops every connection and waits for the tracker's goroutines;
