@@ -71,9 +71,15 @@ func (r *failoverReads) since(t time.Time) (n, answered, old int, lastOld time.T
 // one key; and with one, deleting two keys of the master in one Delete (a
 // pipeline where the first case sends a single command).
 func TestPendingFollowsFailover(t *testing.T) {
-	// Not parallel: it holds the landing to a bound from the promotion.
+	// Not parallel with other tests: it holds the landing to a bound from
+	// the promotion. Its two runs, each on a cluster of its own (started
+	// ahead by TestMain), run at once: each spends its seconds waiting for
+	// its cluster to fail over, not on the CPU.
 	for _, near := range []bool{false, true} {
-		t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) { testPendingFollowsFailover(t, near) })
+		t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
+			t.Parallel()
+			testPendingFollowsFailover(t, near)
+		})
 	}
 }
 
