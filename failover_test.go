@@ -71,9 +71,20 @@ func (r *failoverReads) since(t time.Time) (n, answered, old int, lastOld time.T
 // one key; and with one, deleting two keys of the master in one Delete (a
 // pipeline where the first case sends a single command).
 func TestPendingFollowsFailover(t *testing.T) {
-	// Not parallel: it holds the landing to a bound from the promotion.
-	t.Run("near=false", func(t *testing.T) { testPendingFollowsFailover(t, false, packcache.TrackPrefixes) })
-	eachTracking(t, func(t *testing.T, tk packcache.Tracking) { testPendingFollowsFailover(t, true, tk) })
+	// Not parallel with other tests: it holds the landing to a bound from
+	// the promotion. Its runs, each on a cluster of its own (two started
+	// ahead by TestMain), run at once: each spends its seconds waiting for
+	// its cluster to fail over, not on the CPU.
+	t.Run("near=false", func(t *testing.T) {
+		t.Parallel()
+		testPendingFollowsFailover(t, false, packcache.TrackPrefixes)
+	})
+	for _, m := range trackings {
+		t.Run("near="+m.name, func(t *testing.T) {
+			t.Parallel()
+			testPendingFollowsFailover(t, true, m.tk)
+		})
+	}
 }
 
 func testPendingFollowsFailover(t *testing.T, near bool, tk packcache.Tracking) {

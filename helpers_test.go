@@ -49,11 +49,11 @@ func TestMain(m *testing.M) {
 	if willRun("TestClusterMasterStopped") {
 		redistest.PrestartSpareClusters()
 	}
-	// TestPendingFollowsFailover's two runs each need a cluster of 3
-	// masters with a replica each, which takes seconds to start: both
+	// TestPendingFollowsFailover's three runs each need a cluster of 3
+	// masters with a replica each, which takes seconds to start: all
 	// start now, beside the tests that run before it.
 	if willRun("TestPendingFollowsFailover") {
-		redistest.PrestartClustersWithReplicas(3, 1, 2)
+		redistest.PrestartClustersWithReplicas(3, 1, 3)
 	}
 	if !flagSet("test.parallel") {
 		flag.Set("test.parallel", "6")

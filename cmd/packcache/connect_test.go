@@ -151,6 +151,7 @@ func startSentinel(t *testing.T, master *redistest.Server) string {
 }
 
 func TestSentinel(t *testing.T) {
+	t.Parallel() // servers of its own
 	master := redistest.Start(t)
 	saddr := startSentinel(t, master)
 	rdb := master.Client(t)

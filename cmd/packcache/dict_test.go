@@ -55,6 +55,7 @@ func profileDictionary(t *testing.T, seed uint64) (*codec.Dictionary, string) {
 }
 
 func TestAdviseTrain(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		setProfiles(t, tg, "prof:", 500, 1)
 		tg.ResetStats(t)

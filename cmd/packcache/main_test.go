@@ -18,6 +18,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The advise tests (and TestSentinel) run two at a time, each on a set
+	// of the shared servers of its own: an advise run times each codec for
+	// a fixed share of a thread's CPU, so one alone leaves the second core
+	// idle. Their timings are of that thread's CPU clock, not the wall.
+	redistest.SharedSets(2)
+	redistest.PrestartSharedSet()
 	code := m.Run()
 	redistest.Shutdown()
 	os.Exit(code)

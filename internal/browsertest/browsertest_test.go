@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"io"
 	"log"
@@ -14,9 +15,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +27,69 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(closesShared{m}) }
+
+// closesShared runs the tests, then closes the shared browser, before
+// goleak looks for goroutines left behind.
+type closesShared struct{ m *testing.M }
+
+func (c closesShared) Run() int {
+	code := c.m.Run()
+	if err := closeShared(); err != nil {
+		fmt.Fprintf(os.Stderr, "browsertest: closing the shared browser: %v\n", err)
+		code = 1
+	}
+	return code
+}
+
+// The browser the tests share (example.test mapped to 127.0.0.1, for
+// TestAcceptEncoding): a launch costs several times an evaluation, and
+// each Eval has a browser context of its own, so that nothing one test
+// loads is seen by another. The tests take turns on it, as on
+// redistest's shared servers: a test holds it from shared until it ends,
+// so its contexts' deadlines run from its turn, not from a wait behind
+// another test's evaluations (a call cut short would break the browser
+// for every test). Tests whose browser needs other flags, or that break
+// or close it, start their own, and run beside the one holding it.
+var sharedBrowser struct {
+	sync.Mutex
+	b   *Browser
+	err error
+}
+
+// sharedTurn is held by the test using the shared browser.
+var sharedTurn = make(chan struct{}, 1)
+
+// shared waits for the shared browser, launching it on the first call
+// (see Require for when it skips), and holds it for t until t ends. A
+// test's subtests use what the test got; they must not call shared.
+func shared(t *testing.T) *Browser {
+	t.Helper()
+	path := Require(t)
+	sharedTurn <- struct{}{}
+	t.Cleanup(func() { <-sharedTurn })
+	sharedBrowser.Lock()
+	defer sharedBrowser.Unlock()
+	if sharedBrowser.b == nil && sharedBrowser.err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), launchTimeout)
+		defer cancel()
+		sharedBrowser.b, sharedBrowser.err = Launch(ctx, path, MapHost("example.test"))
+	}
+	if sharedBrowser.err != nil {
+		t.Fatal(sharedBrowser.err)
+	}
+	return sharedBrowser.b
+}
+
+// closeShared closes the shared browser, if launched.
+func closeShared() error {
+	sharedBrowser.Lock()
+	defer sharedBrowser.Unlock()
+	if sharedBrowser.b == nil {
+		return nil
+	}
+	return sharedBrowser.b.Close()
+}
 
 // evalTimeout bounds one page: a fetch of 128 KB on loopback takes well
 // under a second, a cold renderer on a loaded machine a few.
@@ -222,8 +287,8 @@ func checkDecoded(t *testing.T, c channel, got decoded, rec *Recorder, coding st
 func TestZstdToBrowser(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	b := Start(t)
-	t.Logf("%s started in %v", b.Version(), time.Since(start))
+	b := shared(t)
+	t.Logf("%s ready in %v", b.Version(), time.Since(start))
 	c := newChannel(t)
 	t.Logf("channel: %d bytes of JSON, a zstd frame of %d", len(c.doc), len(c.frame))
 
@@ -300,7 +365,7 @@ func serveOn(t *testing.T, addr string, h http.Handler) *httptest.Server {
 // page intact.
 func TestAcceptEncoding(t *testing.T) {
 	t.Parallel()
-	b := Start(t, MapHost("example.test"))
+	b := shared(t) // example.test mapped to 127.0.0.1
 	c := newChannel(t)
 	rec := Record(c.handler())
 	plain := httptest.NewServer(rec)
@@ -362,7 +427,7 @@ func TestCertificateTrust(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	t.Run("unknown certificate", func(t *testing.T) {
-		b := Start(t)
+		b := shared(t)
 		err := b.Eval(evalContext(t), srv.URL+"/", "1", nil)
 		if err == nil || !strings.Contains(err.Error(), "ERR_CERT_AUTHORITY_INVALID") {
 			t.Fatalf("Eval on a server with an unknown certificate: %v, want net::ERR_CERT_AUTHORITY_INVALID", err)
@@ -381,11 +446,10 @@ func TestCertificateTrust(t *testing.T) {
 }
 
 // TestEvalErrors checks that what goes wrong in the page comes back as an
-// error that says what, and that a call cut short by its context leaves
-// the browser failing fast rather than hanging, and still closing.
+// error that says what, and that the browser still evaluates afterwards.
 func TestEvalErrors(t *testing.T) {
 	t.Parallel()
-	b := Start(t)
+	b := shared(t)
 	mux := http.NewServeMux()
 	mux.Handle("GET /{$}", Page)
 	mux.HandleFunc("GET /broken", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
@@ -420,7 +484,16 @@ func TestEvalErrors(t *testing.T) {
 	if err := b.Eval(evalContext(t), srv.URL+"/", `1 + 1`, &two); err != nil || two != 2 {
 		t.Fatalf("after the errors, Eval(1 + 1) = %d, %v", two, err)
 	}
+}
 
+// TestEvalCutShort checks that a call cut short by its context leaves the
+// browser failing fast rather than hanging, and still closing (Start's
+// cleanup). It breaks its browser, so the browser is its own.
+func TestEvalCutShort(t *testing.T) {
+	t.Parallel()
+	b := Start(t)
+	srv := httptest.NewServer(Page)
+	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	err := b.Eval(ctx, srv.URL+"/", `new Promise(() => {})`, nil)

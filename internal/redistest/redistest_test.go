@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -19,6 +20,16 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The parallel tests spend their time waiting on servers they started
+	// (a cluster's 2 s before it is writable, a failover, a restart), not
+	// on the CPU: all of them run at once rather than GOMAXPROCS at a
+	// time. -parallel on the command line overrides this.
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		flag.Set("test.parallel", "16")
+	}
 	code := m.Run()
 	Shutdown()
 	if code == 0 {
@@ -51,6 +62,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 func TestStartPingSetGet(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	s := Start(t)
 	if findServer() != "" && !s.Real() {
 		t.Fatal("redis-server is on PATH but Start returned the fallback")
@@ -76,6 +88,7 @@ func TestStartPingSetGet(t *testing.T) {
 }
 
 func TestStartArgs(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	s := Start(t, "--maxmemory", "12mb")
 	got, err := s.Client(t).ConfigGet(ctxT(t, 5*time.Second), "maxmemory").Result()
@@ -88,6 +101,7 @@ func TestStartArgs(t *testing.T) {
 }
 
 func TestStartBadArgsReportsLog(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	r := runTB(t, func(tb testing.TB) { Start(tb, "--no-such-option", "x") })
 	if r.fatal == "" || !strings.Contains(r.fatal, "no-such-option") {
@@ -97,6 +111,7 @@ func TestStartBadArgsReportsLog(t *testing.T) {
 }
 
 func TestStopRestart(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	s := Start(t)
 	addr := s.Addr()
 	ctx := ctxT(t, 20*time.Second)
@@ -132,6 +147,7 @@ func TestStopRestart(t *testing.T) {
 }
 
 func TestPauseResume(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	s := Start(t)
 	RequireReal(t, s, "SIGSTOP")
 	c := s.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
@@ -160,6 +176,7 @@ func TestPauseResume(t *testing.T) {
 }
 
 func TestPausedServerCleanup(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	// A server left paused must still be stopped by the cleanup
 	// (TestMain checks that no process survives).
@@ -170,6 +187,7 @@ func TestPausedServerCleanup(t *testing.T) {
 }
 
 func TestCommandCount(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	s := Start(t)
 	RequireReal(t, s, "INFO commandstats")
 	ctx := ctxT(t, 5*time.Second)

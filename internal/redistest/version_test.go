@@ -103,6 +103,7 @@ func TestServerEnv(t *testing.T) {
 // server says of itself in INFO server, and names the differences in that
 // section between servers.
 func TestServerVersionMatchesInfo(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	v := ServerVersion()
 	t.Logf("server: %s (%s)", v, v.Path)
@@ -142,6 +143,7 @@ func TestServerVersionMatchesInfo(t *testing.T) {
 // TestServerHasTLS: the probe tells a build with TLS from one without, and
 // agrees with what a server started with a TLS port does.
 func TestServerHasTLS(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	ok, why := ServerHasTLS()
 	t.Logf("%s: TLS %v %s", ServerVersion(), ok, why)
@@ -202,6 +204,7 @@ func writeSelfSigned(t *testing.T, dir string) (cert, key string) {
 // (packcache matches error replies by their first word only) would break
 // on one of them: HELLO's server field, and the text of NOSCRIPT.
 func TestRepliesThatDiffer(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	v := ServerVersion()
 	s := Start(t)
@@ -243,6 +246,7 @@ func TestRepliesThatDiffer(t *testing.T) {
 // WAITs on another proves nothing on the later servers: it should use
 // Cluster.WaitReplicated, or WAIT on the connection that wrote.
 func TestWaitCoversOtherConnections(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	v := ServerVersion()
 	m := Start(t, "--repl-diskless-sync-delay", "0")
@@ -295,6 +299,7 @@ func TestWaitCoversOtherConnections(t *testing.T) {
 // TestCLIPath: the client CLIPath gives talks to the server the helpers
 // start, and is the one built beside it when there is one.
 func TestCLIPath(t *testing.T) {
+	t.Parallel() // servers of its own; after the serial tests, which count processes
 	haveRedisServer(t)
 	cli := CLIPath()
 	if cli == "" {
