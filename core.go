@@ -108,6 +108,10 @@ type result struct {
 	size  int    // the serialized value's length, when decoded from Redis
 	from  source
 	stale bool
+	// unshared: the read cannot be told of a later change of its key (a
+	// TrackKeys near cache's read that Redis does not track for this
+	// process), so it is shared only while in flight, never held.
+	unshared bool
 	// joined: the read that produced it joined a load another began, so
 	// its callers shared work (for Stats and the Observer).
 	joined bool
@@ -126,7 +130,7 @@ type result struct {
 // for the share window but never past the value's expiry; errors and
 // stale values may not (0), so that the next caller tries again.
 func (r result) ShareUntil(err error) int64 {
-	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale {
+	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale || r.unshared {
 		return 0
 	}
 	if r.expires != 0 {

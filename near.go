@@ -522,7 +522,7 @@ const (
 	// flushed: any key, by anyone (FLUSHALL, FLUSHDB, a Cluster's masters
 	// changing, or an invalidation connection that dropped or subscribed
 	// again: what was written meanwhile is unknown). The keys are not
-	// given: every near cache is emptied.
+	// given: every near cache is emptied, and every read detached.
 	flushed
 )
 
@@ -538,6 +538,10 @@ func (c *cache) changed(how change, keys ...string) {
 		for _, n := range c.nears {
 			n.entries.InvalidateAll()
 		}
+		// As for an invalidation of every key: no read begun before is
+		// shared after it.
+		c.lookups.ForgetAll()
+		c.reads.ForgetAll()
 		return
 	}
 	for _, k := range keys {

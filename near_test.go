@@ -1031,3 +1031,33 @@ func TestSentinelFailover(t *testing.T) {
 		t.Logf("old master clients:\n%s", cl)
 	})
 }
+
+// TestNearFlushEndsShareWindow: a flush that the invalidation stream
+// reports (here another client's FLUSHDB; a dropped or resubscribed
+// invalidation connection is reported the same way) ends the share window
+// of every read begun before it, as an invalidation of each key would: a
+// Get after it does not share a read of the flushed value, however long
+// the window.
+func TestNearFlushEndsShareWindow(t *testing.T) {
+	t.Parallel()
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
+	eachTracking(t, func(t *testing.T, tk packcache.Tracking) {
+		t.Parallel()
+		s, rdb := single(t)
+		ctx := ctxT(t)
+		// A window longer than the wait below: without the flush, the
+		// held read would be shared for all of it.
+		c := mustNew[Channel](t, rdb, nearOpts(tk, packcache.WithShareWindow(time.Hour))...)
+		if err := c.Set(ctx, "flushed", Channel{ID: "v0"}); err != nil {
+			t.Fatal(err)
+		}
+		waitNear(t, c, "flushed") // its first Get's read is held for the window
+		if err := s.Client(t).FlushDB(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "a Get missing after another client's FLUSHDB (a read from before the flush still shared?)", func() bool {
+			_, err := c.Get(ctx, "flushed")
+			return errors.Is(err, packcache.ErrMiss)
+		})
+	})
+}

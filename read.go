@@ -132,7 +132,12 @@ func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
 	if p.near != nil && j.v == vHit && !j.refresh {
 		c.keepNear(key, p, t, j, rp)
 	}
-	return c.act(ctx, f, j)
+	r, err := c.act(ctx, f, j)
+	// Under TrackKeys only a tracked read hears of a later write of its
+	// key: an untracked one is not held for the share window, which no
+	// invalidation would end.
+	r.unshared = p.near != nil && p.near.lc.Tracking == TrackKeys && !rp.tracked
+	return r, err
 }
 
 // Joining counts a caller sharing the read and catches a loader that
