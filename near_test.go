@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -1060,4 +1061,65 @@ func TestNearFlushEndsShareWindow(t *testing.T) {
 			return errors.Is(err, packcache.ErrMiss)
 		})
 	})
+}
+
+// holdBusyHook holds every pipeline with a GET of a "busy:" key until
+// release is closed, counting those it holds.
+type holdBusyHook struct {
+	held    atomic.Int64
+	release chan struct{}
+}
+
+func (h *holdBusyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdBusyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *holdBusyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "get" && strings.HasPrefix(fmt.Sprint(cmd.Args()[1]), "busy:") {
+				h.held.Add(1)
+				<-h.release
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestNearKeysUntrackedReadNotHeld: under TrackKeys, a read that Redis
+// does not track for this process (made on the client, every reading
+// connection being busy) would never hear of a later write of its key:
+// it is not shared past its flight, however long the share window. A Get
+// after another process's write reads the new value.
+func TestNearKeysUntrackedReadNotHeld(t *testing.T) {
+	t.Parallel()
+	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
+	s, rdb := single(t)
+	ctx := ctxT(t)
+	hook := &holdBusyHook{release: make(chan struct{})}
+	c := mustNew[Channel](t, rdb, nearOpts(packcache.TrackKeys, packcache.WithShareWindow(time.Hour), packcache.WithTrackedReadHook(hook))...)
+	other := s.Client(t)
+	waitNearMiss(t, c) // the reading connections are up
+	// Every reading connection busy with a read held by the hook.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var once sync.Once
+	defer once.Do(func() { close(hook.release) })
+	const readers = 4 // tracking's readersPerMaster
+	for i := range readers {
+		key := fmt.Sprintf("busy:%d", i)
+		other.Set(ctx, key, `{"id":"b"}`, 0)
+		wg.Go(func() { c.Get(ctx, key) })
+	}
+	waitFor(t, time.Minute, "every reading connection busy", func() bool { return hook.held.Load() == readers })
+	other.Set(ctx, "k", `{"id":"v0"}`, 0)
+	if v, err := c.Get(ctx, "k"); err != nil || v.ID != "v0" {
+		t.Fatalf("Get = %+v, %v", v, err)
+	}
+	other.Set(ctx, "k", `{"id":"v1"}`, 0)
+	if v, err := c.Get(ctx, "k"); err != nil || v.ID != "v1" {
+		t.Fatalf("Get after another process's write = %+v, %v: an untracked read was shared past its flight", v, err)
+	}
+	once.Do(func() { close(hook.release) })
 }
