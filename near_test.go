@@ -1106,13 +1106,27 @@ func TestNearKeysUntrackedReadNotHeld(t *testing.T) {
 	defer wg.Wait()
 	var once sync.Once
 	defer once.Do(func() { close(hook.release) })
+	// A Get may find no reading connection free (a heartbeat's PING has
+	// one) and read on the client, past the hook: Gets are started, one at
+	// a time, until four are held.
 	const readers = 4 // tracking's readersPerMaster
-	for i := range readers {
+	for i := 0; hook.held.Load() < readers; i++ {
+		if i == 100 {
+			t.Fatalf("100 Gets started, %d held on a reading connection", hook.held.Load())
+		}
 		key := fmt.Sprintf("busy:%d", i)
 		other.Set(ctx, key, `{"id":"b"}`, 0)
-		wg.Go(func() { c.Get(ctx, key) })
+		held, done := hook.held.Load(), make(chan struct{})
+		wg.Go(func() { defer close(done); c.Get(ctx, key) })
+		waitFor(t, time.Minute, "a Get held on a reading connection, or answered", func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+				return hook.held.Load() > held
+			}
+		})
 	}
-	waitFor(t, time.Minute, "every reading connection busy", func() bool { return hook.held.Load() == readers })
 	other.Set(ctx, "k", `{"id":"v0"}`, 0)
 	if v, err := c.Get(ctx, "k"); err != nil || v.ID != "v0" {
 		t.Fatalf("Get = %+v, %v", v, err)
