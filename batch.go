@@ -59,11 +59,24 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 	}
 	keys = dedupe(keys)
 	found := make(map[string]any, len(keys))
-	if len(keys) == 0 {
-		return found, nil
-	}
-	readThrough := ld != nil
+	since := c.groups.checks.Load()
 	var errs []error
+	for len(keys) > 0 {
+		// Keys whose value a grouped load checked before the call began
+		// are read again, as get does (lateFor).
+		var err error
+		if keys, err = c.manyOnce(ctx, keys, ld, since, found, &errs); err != nil {
+			return found, err
+		}
+	}
+	return found, errors.Join(errs...)
+}
+
+// manyOnce is one attempt of getMany for keys: their values into found,
+// their errors into errs. It returns the keys to read again (see
+// result.lateFor), or the caller's context's error.
+func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since uint64, found map[string]any, errs *[]error) ([]string, error) {
+	readThrough := ld != nil
 	var toLoad []string
 	from := map[string]judgement{}
 	keys, tickets := c.nearMany(keys, found)
@@ -81,12 +94,12 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 		switch {
 		case err != nil:
 			if _, err := c.deliver(k, p, j.r, err, false); !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound) {
-				errs = append(errs, err)
+				*errs = append(*errs, err)
 			}
 			continue
 		case load:
 			if err := c.reentrant(ctx, k); err != nil {
-				errs = append(errs, err)
+				*errs = append(*errs, err)
 				continue
 			}
 			toLoad = append(toLoad, k)
@@ -97,7 +110,7 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 			c.refresh(ctx, k, p, ld, j)
 		}
 		if v, err := c.deliver(k, p, j.r, nil, false); err != nil {
-			errs = append(errs, err)
+			*errs = append(*errs, err)
 		} else {
 			found[k] = v
 		}
@@ -106,10 +119,10 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 		// The caller's context ended: not Redis's failure, and keys Redis
 		// did not answer for are not loaded, since Redis may well hold
 		// them.
-		return found, err
+		return nil, err
 	}
 	if len(toLoad) == 0 {
-		return found, errors.Join(errs...)
+		return nil, nil
 	}
 	var jobs []loadJob
 	calls := make([]*call[result], len(toLoad))
@@ -128,11 +141,16 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 		c.life.spawn()
 		go c.runLoad(ctx, ld, jobs, nil)
 	}
+	var late []string
 	for i, k := range toLoad {
 		p := c.policy(k)
 		r, err := c.awaitLoad(ctx, k, p, from[k], calls[i], joined[i])
 		if err != nil && ctx.Err() != nil {
-			return found, ctx.Err()
+			return nil, ctx.Err()
+		}
+		if err == nil && r.lateFor(since) {
+			late = append(late, k)
+			continue
 		}
 		v, err := c.deliver(k, p, r, err, joined[i])
 		switch {
@@ -140,10 +158,10 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 			found[k] = v
 		case errors.Is(err, ErrNotFound):
 		default:
-			errs = append(errs, err)
+			*errs = append(*errs, err)
 		}
 	}
-	return found, errors.Join(errs...)
+	return late, nil
 }
 
 // nearMany answers from the near caches the keys they hold, into found,

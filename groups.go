@@ -87,6 +87,10 @@ type groupState struct {
 	// a load reads the group sequence before it calls its loader, which
 	// it needs to store a value in a group.
 	used atomic.Bool
+	// checks numbers the checks a load makes of its groups once its
+	// loader has returned (raced): a caller that began after the check
+	// its value passed began does not take that value (see lateFor).
+	checks atomic.Uint64
 }
 
 // invalidateScript is InvalidateGroups: KEYS[1] is the sequence, the
@@ -588,8 +592,8 @@ type groupStamp struct {
 // anew since. The load then calls its loader again (again): its values
 // would not be stored, and the callers that joined the load after the
 // invalidation must not get them. (A caller that joins between this
-// check and the load's end, after an invalidation in between, still
-// can: one store's round trip, not the loader's time.)
+// check and the load's end does not take its values either: it reads
+// again, see lateFor.)
 func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map[string]setOptions, err error) bool {
 	l.stamped = nil
 	if !l.grouped(opts, err) {
@@ -626,6 +630,7 @@ func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map
 	if len(groups) == 0 {
 		return false
 	}
+	l.checked = l.c.groups.checks.Add(1) // before the check is sent
 	_, recs, serr := l.c.stamp(ctx, "load", keys[0], groups, keep)
 	if serr != nil {
 		return false // envelop tries again, and reports

@@ -755,3 +755,111 @@ func TestGroupsJoinedLocalLoad(t *testing.T) {
 		}
 	})
 }
+
+// TestGroupsJoinedAfterCheck: a call that joins a grouped load after the
+// load's last check of its groups, and after another process's
+// InvalidateGroups in between (the load's store held by a hook), does not
+// get the load's value: it reads again, finds the stored value
+// invalidated, and loads anew. Get and GetOrLoadMany, single node and
+// Cluster. Without the check at delivery (result.lateFor) the second
+// call got B-old.
+func TestGroupsJoinedAfterCheck(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, call := range []string{"Get", "GetOrLoadMany"} {
+			t.Run(call, func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("late:%s:%s:%d", tg.Name, call, time.Now().UnixNano())
+				key := "late:" + g
+				var n atomic.Int64
+				load := func(ctx context.Context, key string) (string, error) {
+					if err := packcache.StoreWith(ctx, key, packcache.InGroups(g)); err != nil {
+						return "", err
+					}
+					if n.Add(1) == 1 {
+						return "B-old", nil
+					}
+					return "B-new", nil
+				}
+				h := &holdArgHook{arg: "B-old", held: make(chan struct{}), release: make(chan struct{})}
+				tg.Client.AddHook(h)
+				b := mustNew[string](t, tg.Client, packcache.WithShareWindow(packcache.Off), packcache.WithLoader(packcache.LoaderFunc[string](load)))
+				cc := mustNew[string](t, tg.Client)
+				if err := b.InvalidateGroups(ctx, g+":meet"); err != nil {
+					t.Fatal(err)
+				}
+				first := make(chan string, 1)
+				go func() { v, _ := b.Get(ctx, key); first <- v }()
+				<-h.held // checked its groups, and storing
+				if err := cc.InvalidateGroups(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				second := make(chan string, 1)
+				go func() {
+					if call == "Get" {
+						v, _ := b.Get(ctx, key)
+						second <- v
+						return
+					}
+					m, _ := b.GetOrLoadMany(ctx, []string{key}, func(ctx context.Context, keys []string) (map[string]string, error) {
+						v, err := load(ctx, keys[0])
+						return map[string]string{keys[0]: v}, err
+					})
+					second <- m[key]
+				}()
+				waitFor(t, 10*time.Second, "the second call joining", func() bool { return b.Stats().CoalescedWaits >= 1 })
+				close(h.release)
+				if v := <-first; v != "B-old" {
+					t.Errorf("the Get begun before the invalidation: %q, want B-old", v)
+				}
+				if v := <-second; v != "B-new" {
+					t.Errorf("a %s begun after another process's InvalidateGroups, joined to a load whose check came before it: %q, want B-new", call, v)
+				}
+				if v, err := b.Get(ctx, key); err != nil || v != "B-new" || n.Load() != 2 {
+					t.Errorf("Get after: %q, %v, %d loader calls; want B-new stored by the second call", v, err, n.Load())
+				}
+			})
+		}
+	})
+}
+
+// holdArgHook holds the first command or pipeline with an argument
+// containing arg until release is closed, telling held when it does.
+type holdArgHook struct {
+	arg           string
+	once          sync.Once
+	held, release chan struct{}
+}
+
+func (h *holdArgHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdArgHook) hold(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		for _, a := range cmd.Args() {
+			var s string
+			switch a := a.(type) {
+			case string:
+				s = a
+			case []byte:
+				s = string(a)
+			}
+			if strings.Contains(s, h.arg) {
+				h.once.Do(func() { close(h.held); <-h.release })
+				return
+			}
+		}
+	}
+}
+
+func (h *holdArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.hold(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdArgHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.hold(cmds...)
+		return next(ctx, cmds)
+	}
+}

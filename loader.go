@@ -349,6 +349,7 @@ type loadRun struct {
 	c       *cache
 	jobs    []loadJob
 	stamped *groupStamp // the groups' records, readied once the loader returned (groups.go)
+	checked uint64      // the number of its last check of them (groupState.checks)
 }
 
 // run settles how each key may store, calls fn for those to load, and
@@ -454,6 +455,11 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			continue
 		}
 		r := result{val: v, from: fromLoader}
+		if len(so.groups) > 0 {
+			// Not for a caller that began after the groups' last check
+			// began (lateFor), nor held for the share window.
+			r.checked, r.unshared = l.checked, true
+		}
 		var e encoded
 		if j.g.kind != guardNone && !noStore {
 			var eerr error

@@ -790,7 +790,7 @@ func TestSurgeBackgroundContext(t *testing.T) {
 		}
 	}
 	if loads.Load() != 1 {
-		t.Fatalf("loader called %d times", loads.Load())
+		t.Fatalf("loader called %d times; stats %+v", loads.Load(), c.Stats())
 	}
 }
 

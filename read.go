@@ -41,32 +41,48 @@ func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error)
 // caller's result, counted, into r, for the caller to hand out in its own
 // form (Get's is value's). Results pass by pointer: a near hit copies
 // none.
-func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne, r *result) (err error) {
+func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne, r *result) error {
 	if err := ctx.Err(); err != nil {
 		// Already over: no read, no load, nothing counted, as in the
 		// batch calls.
 		return err
 	}
+	since := c.groups.checks.Load()
+	for {
+		err, shared := c.getOnce(ctx, key, p, ld, r)
+		if err != nil || !r.lateFor(since) {
+			return c.count(p, r, err, shared)
+		}
+		// A grouped value that a load checked before this call began:
+		// read again. The call it came from has finished and is not
+		// held, so this joins none that checked before it began but one
+		// still under way, and those are finite.
+		*r = result{}
+	}
+}
+
+// getOnce is one attempt of get: the caller's result into r, and whether
+// it shared work another began.
+func (c *cache) getOnce(ctx context.Context, key string, p *policy, ld loadOne, r *result) (err error, shared bool) {
 	if c.owed.Has(key) {
 		// What Redis holds may be what a failed write meant to replace.
 		*r, err = c.act(ctx, flight{c: c, key: key, p: p, ld: ld}, judgement{v: vOwed})
-		return c.count(p, r, err, r.joined)
+		return err, r.joined
 	}
 	if err, ok := c.fast(ctx, key, p, ld != nil, r); ok {
-		return c.count(p, r, err, r.from != fromNear)
+		return err, r.from != fromNear
 	}
 	f := flight{c: c, key: key, p: p, ld: ld}
 	if !c.coalesce {
 		*r, err = f.Run(ctx, nil)
-		return c.count(p, r, err, false)
+		return err, false
 	}
 	g := &c.lookups
 	if ld != nil {
 		g = &c.reads
 	}
-	var shared bool
 	*r, err, shared = g.Do(ctx, key, f) // f.Joining counts a shared read
-	return c.count(p, r, err, shared)
+	return err, shared
 }
 
 // fast answers a Get from the near cache or from a read of the key still
@@ -136,7 +152,7 @@ func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
 	// Under TrackKeys only a tracked read hears of a later write of its
 	// key: an untracked one is not held for the share window, which no
 	// invalidation would end.
-	r.unshared = p.near != nil && p.near.lc.Tracking == TrackKeys && !rp.tracked
+	r.unshared = r.unshared || p.near != nil && p.near.lc.Tracking == TrackKeys && !rp.tracked
 	return r, err
 }
 
