@@ -216,11 +216,15 @@ func (c *Cache[T]) Delete(ctx context.Context, keys ...string) error {
 // groups; InvalidateGroups deletes the group's key. Group names share
 // one namespace per Redis database, across caches and applications.
 //
-// WARNING: as after a Delete, a Get of another process may share a read
-// of its own begun up to its share window before it (WithShareWindow, 10
-// ms by default), or a load of its own begun before the call, and get
-// that value. And a value stored by a Set that runs concurrently with
-// the call may be invalidated with the others.
+// Unlike after a Delete, a Get of another process does not share a read
+// or a load of its own whose check of the value's groups began before
+// the Get did: it reads again (a grouped value is shared only by the
+// calls that join it before its groups are checked, and a read of one is
+// not held for the share window). Its near cache may serve the value for
+// up to its MaxLag.
+//
+// WARNING: a value stored by a Set that runs concurrently with the call
+// may be invalidated with the others.
 func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error {
 	return c.core.invalidateGroups(ctx, groups)
 }

@@ -109,16 +109,17 @@ type result struct {
 	from  source
 	stale bool
 	// unshared: the read cannot be told of a later change of its key (a
-	// grouped value a load gave, see checked; or a
+	// grouped value, see checked; or a
 	// TrackKeys near cache's read that Redis does not track for this
 	// process), so it is shared only while in flight, never held.
 	unshared bool
 	// joined: the read that produced it joined a load another began, so
 	// its callers shared work (for Stats and the Observer).
 	joined bool
-	// checked is, for a value a load put in groups, the number of the
-	// load's last check of them (groupState.checks); 0 otherwise. Such
-	// a value is unshared too.
+	// checked is, for a grouped value (one a load put in groups, or one
+	// read from Redis in an envelope with groups), the number of the
+	// last check of its groups (groupState.checks); 0 otherwise. Such a
+	// value is unshared too.
 	checked uint64
 	// expires is when the value read expires in Redis, in unix
 	// nanoseconds, when known (0 otherwise): it is shared no later.
@@ -130,8 +131,9 @@ type result struct {
 	edge   *httpenc.Edge
 }
 
-// lateFor reports whether r is a grouped value that its load checked
-// before a call that began when the groups' checks numbered since: an
+// lateFor reports whether r is a grouped value whose groups were last
+// checked (by its read, or its load) before a call that began when the
+// groups' checks numbered since: an
 // invalidation of its groups may have come between the check and the
 // call (InvalidateGroups promises such a call no value from before it),
 // so the call does not take it, and reads again.

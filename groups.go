@@ -87,9 +87,10 @@ type groupState struct {
 	// a load reads the group sequence before it calls its loader, which
 	// it needs to store a value in a group.
 	used atomic.Bool
-	// checks numbers the checks a load makes of its groups once its
-	// loader has returned (raced): a caller that began after the check
-	// its value passed began does not take that value (see lateFor).
+	// checks numbers the checks of a grouped value's groups: a read's
+	// (checkGroups), and a load's once its loader has returned (raced).
+	// A caller that began after the check its value passed began does
+	// not take that value (result.lateFor).
 	checks atomic.Uint64
 }
 
@@ -276,6 +277,9 @@ type groupedReply struct {
 	check groupCheck
 	cerr  error        // groupsFailed: why
 	marks groupTickets // the groups' near-cache marks, taken before the check was sent
+	// checked numbers the check (groupState.checks): a call that began
+	// after it began does not take the value (result.lateFor).
+	checked uint64
 }
 
 // checkGroups parses the envelopes among rps and checks the groups of
@@ -318,6 +322,7 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 	if len(idx) == 0 {
 		return
 	}
+	checked := c.groups.checks.Add(1) // before the check is sent
 	var vals []any
 	err := c.roundTrip(ctx, opGet, groupSeqKey, c.base, true, func(ctx context.Context) error {
 		var err error
@@ -340,7 +345,7 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 			g.check, g.cerr = groupsFailed, err
 			continue
 		}
-		g.check = groupsCurrent
+		g.check, g.checked = groupsCurrent, checked
 		for _, gr := range g.env.Groups {
 			if n, ok := recs[groupKey(gr)]; !ok || n > g.env.Seq {
 				g.check = groupsInvalid
@@ -380,6 +385,9 @@ func (c *cache) judgeGrouped(key string, p *policy, rp reply, readThrough bool) 
 		}
 		j.groups = g.env.Groups
 		j.marks = g.marks
+		// Not for a call that began after the check began, nor held for
+		// the share window: a group may have been invalidated since.
+		j.r.checked, j.r.unshared = g.checked, true
 		if j.digest != "" {
 			j.digest = digest(rp.s) // the stored bytes, as the guarded store compares them
 		}

@@ -822,11 +822,68 @@ func TestGroupsJoinedAfterCheck(t *testing.T) {
 	})
 }
 
+// TestGroupsSharedReadAfterCheck: a Get that begins after another
+// process's InvalidateGroups does not take a read of a grouped value
+// whose check of its groups came before it: not one held for the share
+// window (an hour here), nor one still in flight that it joins (its
+// check held by a hook). Without the rule (result.lateFor, and grouped
+// values unshared) both got the old value, single node and Cluster.
+func TestGroupsSharedReadAfterCheck(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
+		for _, how := range []string{"held", "in flight"} {
+			t.Run(strings.ReplaceAll(how, " ", "-"), func(t *testing.T) {
+				ctx := ctxT(t)
+				g := fmt.Sprintf("shared:%s:%s:%d", tg.Name, how, time.Now().UnixNano())
+				key := fmt.Sprintf("sk:%d", time.Now().UnixNano())
+				b := mustNew[string](t, tg.Client, packcache.WithShareWindow(time.Hour))
+				cc := mustNew[string](t, tg.Client)
+				if err := b.Set(ctx, key, "old", packcache.InGroups(g)); err != nil {
+					t.Fatal(err)
+				}
+				var release func()
+				if how == "held" {
+					if v, err := b.Get(ctx, key); err != nil || v != "old" {
+						t.Fatalf("Get before: %q, %v", v, err)
+					}
+				} else {
+					h := &holdArgHook{arg: g, after: true, held: make(chan struct{}), release: make(chan struct{})}
+					tg.Client.AddHook(h)
+					release = sync.OnceFunc(func() { close(h.release) })
+					t.Cleanup(release)
+					go func() { _, _ = b.Get(ctx, key) }()
+					<-h.held // its groups' check has its reply
+				}
+				if err := cc.InvalidateGroups(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				joined := b.Stats().CoalescedWaits
+				second := make(chan error, 1)
+				go func() {
+					v, err := b.Get(ctx, key)
+					if err == nil {
+						err = fmt.Errorf("got %q", v)
+					}
+					second <- err
+				}()
+				if release != nil {
+					waitFor(t, 10*time.Second, "the second Get joining", func() bool { return b.Stats().CoalescedWaits > joined })
+					release()
+				}
+				if err := <-second; !errors.Is(err, packcache.ErrMiss) {
+					t.Errorf("a Get begun after another process's InvalidateGroups, sharing a read checked before it (%s): %v, want ErrMiss", how, err)
+				}
+			})
+		}
+	})
+}
+
 // holdArgHook holds the first command or pipeline with an argument
-// containing arg until release is closed, telling held when it does.
+// containing arg until release is closed, telling held when it does:
+// before it is sent, or, with after, once its reply is in.
 type holdArgHook struct {
 	arg           string
-	once          sync.Once
+	after         bool
+	taken         atomic.Bool
 	held, release chan struct{}
 }
 
@@ -843,7 +900,10 @@ func (h *holdArgHook) hold(cmds ...redis.Cmder) {
 				s = string(a)
 			}
 			if strings.Contains(s, h.arg) {
-				h.once.Do(func() { close(h.held); <-h.release })
+				if h.taken.CompareAndSwap(false, true) {
+					close(h.held)
+					<-h.release
+				}
 				return
 			}
 		}
@@ -852,14 +912,26 @@ func (h *holdArgHook) hold(cmds ...redis.Cmder) {
 
 func (h *holdArgHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.hold(cmd)
-		return next(ctx, cmd)
+		if !h.after {
+			h.hold(cmd)
+		}
+		err := next(ctx, cmd)
+		if h.after {
+			h.hold(cmd)
+		}
+		return err
 	}
 }
 
 func (h *holdArgHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.hold(cmds...)
-		return next(ctx, cmds)
+		if !h.after {
+			h.hold(cmds...)
+		}
+		err := next(ctx, cmds)
+		if h.after {
+			h.hold(cmds...)
+		}
+		return err
 	}
 }
