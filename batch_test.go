@@ -168,7 +168,7 @@ func TestOneJudgementForAllCalls(t *testing.T) {
 						t.Fatalf("Redis holds %q (was %q), want %s", tg.Client.Get(ctx, key).Val(), before, w.after)
 					}
 					if w.eventby != "" {
-						if !eventually(5*time.Second, func() bool { return check(w.eventby) }) {
+						if !eventually(time.Minute, func() bool { return check(w.eventby) }) {
 							t.Fatalf("the refresh did not store: Redis holds %q", tg.Client.Get(ctx, key).Val())
 						}
 						if loads.Load() != w.loads {
