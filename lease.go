@@ -55,32 +55,45 @@ func (c *cache) tagged(lease string) bool {
 	return len(lease) == 17 && lease[1:9] == string(c.leases.tag[:])
 }
 
-// placerWait bounds how long a load waits for the read that placed a
-// lease of its cache to register its load (see awaitPlacer).
-const placerWait = 100 * time.Millisecond
+// placerPoll is how often a load waiting for the read that placed a lease
+// of its cache to register its load (awaitPlacer) reads the key again.
+const placerPoll = 20 * time.Millisecond
 
-// awaitPlacer waits, for up to placerWait (or a Redis budget, if
-// shorter), for the load that holds lease, one of this cache's, to be
-// registered, and returns it if it may be joined; nil if none is, or if
-// the one registered may not be joined (a write detached it, or it has
-// ended). A read of this cache that found the lease may get there before
+// awaitPlacer waits for the load that holds lease, one of this cache's
+// found in job i's key, to be registered, and returns it if it may be
+// joined. A read of this cache that found the lease may get there before
 // the read that placed it has registered its load: that one is on its
 // way, as the lease in Redis shows, and is joined rather than loaded
-// beside without storing.
-func (l *loadRun) awaitPlacer(ctx context.Context, key, lease string, self *call[result]) *call[result] {
-	deadline := time.Now().Add(min(l.c.redisTimeout, placerWait))
+// beside without storing. It waits as long as the key holds the lease
+// (reading it again every placerPoll), up to the lease's life, under ctx:
+// not for a fixed time, since the placer's goroutine may wait long for a
+// CPU on a busy machine. If the key comes to hold something else, or the
+// placer has registered and ended (or a write detached it), it returns
+// what the key then holds, to be decided on (changed).
+func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *call[result], now judgement, changed bool) {
+	j := &l.jobs[i]
+	deadline := time.Now().Add(l.c.leaseTTL())
+	read := time.Now().Add(placerPoll)
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
 	for {
-		if other, registered := l.c.loads.Placer(key, lease, self); registered {
-			return other
+		other, registered := l.c.loads.Placer(j.key, lease, j.cl)
+		if other != nil {
+			return other, judgement{}, false
+		}
+		if registered || !time.Now().Before(read) {
+			jd := l.c.judge(j.key, j.p, l.c.fetchMany(ctx, []string{j.key})[0], true)
+			if registered || jd.v != vLease || jd.lease != lease {
+				return nil, jd, true
+			}
+			read = time.Now().Add(placerPoll)
 		}
 		if !time.Now().Before(deadline) {
-			return nil
+			return nil, judgement{}, false
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, judgement{}, false
 		case <-t.C:
 		}
 		t.Reset(time.Millisecond)

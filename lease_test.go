@@ -846,3 +846,90 @@ func TestLockTakeoverRacingSet(t *testing.T) {
 		t.Errorf("after takeover + Set, Redis holds %s", got)
 	}
 }
+
+// TestLeaseFoundBeforePlacerRegistered: a load that finds a lease of its
+// own cache whose placer has not registered its load yet waits for it,
+// however long the placer's goroutine takes (here: held by a hook after
+// its SET NX GET, as a busy machine holds it waiting for a CPU), as long
+// as the key holds the lease, and then joins it: one loader call. It used
+// to wait 100 ms and then load beside it without storing (a cold surge on
+// a busy machine made 2 loads: TestSurgeBackgroundContext).
+func TestLeaseFoundBeforePlacerRegistered(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	const key = "placer:k"
+	h := &placerHook{key: key, release: make(chan struct{}), placed: make(chan struct{})}
+	rdb.AddHook(h)
+	var loads atomic.Int64
+	load := func(ctx context.Context, key string) (string, error) {
+		loads.Add(1)
+		return "v", nil
+	}
+	c := mustNew[string](t, rdb, packcache.WithShareWindow(packcache.Off))
+	a := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrLoad(ctx, key, func(ctx context.Context) (string, error) { return load(ctx, key) })
+		a <- err
+	}()
+	<-h.placed // A's lease is in the key, and A is held before it registers its load
+	b := make(chan error, 1)
+	go func() {
+		m, err := c.GetOrLoadMany(ctx, []string{key}, func(ctx context.Context, keys []string) (map[string]string, error) {
+			v, err := load(ctx, keys[0])
+			return map[string]string{keys[0]: v}, err
+		})
+		if err == nil && m[key] != "v" {
+			err = fmt.Errorf("got %q", m[key])
+		}
+		b <- err
+	}()
+	// B reads the key again while it waits (every 20 ms): ten reads are
+	// well past the 100 ms after which it used to load beside A.
+	waitFor(t, time.Minute, "B reading the key ten times, or loading", func() bool { return h.gets.Load() >= 10 || loads.Load() > 0 })
+	close(h.release)
+	if err := <-a; err != nil {
+		t.Fatalf("A: %v", err)
+	}
+	if err := <-b; err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	if n := loads.Load(); n != 1 {
+		t.Fatalf("loader called %d times, want 1 (B joins A's load once A registers it)", n)
+	}
+}
+
+// placerHook holds the first SET of key (a read placing its lease) once
+// its reply is in, until release is closed, telling placed; and counts
+// the pipelines that GET key.
+type placerHook struct {
+	key             string
+	once            atomic.Bool
+	placed, release chan struct{}
+	gets            atomic.Int64
+}
+
+func (h *placerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *placerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); cmd.Name() == "set" && len(args) > 1 && args[1] == h.key && h.once.CompareAndSwap(false, true) {
+			close(h.placed)
+			<-h.release
+		}
+		return err
+	}
+}
+
+func (h *placerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if args := cmd.Args(); cmd.Name() == "get" && len(args) > 1 && args[1] == h.key {
+				h.gets.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}

@@ -613,8 +613,17 @@ func (l *loadRun) settle(ctx context.Context) {
 	for i := range l.jobs {
 		if j := &l.jobs[i]; j.mine && j.seen != "" {
 			j.mine = false
-			if other := l.awaitPlacer(ctx, j.key, j.seen, j.cl); other != nil {
+			other, now, changed := l.awaitPlacer(ctx, i, j.seen)
+			switch {
+			case other != nil:
 				j.seen, j.join = "", other
+			case changed:
+				// The placer's load ended (its value stored, or not) or
+				// the key changed: decide on what it holds now.
+				j.seen = ""
+				var again []int
+				l.decide(ctx, i, now, &again)
+				l.acquire(ctx, again, false)
 			}
 		}
 	}

@@ -17,14 +17,18 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// Timeouts. Every wait in this package is bounded by one of these.
+// Timeouts. Every wait in this package is bounded by one of these. They
+// bound failures, never what a test checks, and those that wait for a
+// server to start are generous: on a machine loaded by the parallel
+// tests under -race, a server took more than 10 s to answer its first
+// PING (each PING then waited 250 ms).
 const (
-	startTimeout   = 10 * time.Second // until a started redis-server answers PING
-	stopTimeout    = 5 * time.Second  // after SIGTERM, before SIGKILL
-	killTimeout    = 5 * time.Second  // after SIGKILL
-	clusterTimeout = 20 * time.Second // until a cluster is healthy
-	adminTimeout   = 5 * time.Second  // one admin command
-	pingTimeout    = 250 * time.Millisecond
+	startTimeout   = time.Minute     // until a started redis-server answers PING
+	stopTimeout    = 5 * time.Second // after SIGTERM, before SIGKILL
+	killTimeout    = 5 * time.Second // after SIGKILL
+	clusterTimeout = time.Minute     // until a cluster is healthy
+	adminTimeout   = 5 * time.Second // one admin command: a paused server holds it this long
+	pingTimeout    = time.Second
 	pollInterval   = 20 * time.Millisecond
 )
 

@@ -68,7 +68,8 @@ func (g *Registry[V]) claimLocked(key, token string, leaderWaits, share bool, no
 		}
 	}
 	if !ok {
-		c = &Call[V]{began: now, token: token}
+		prev := g.byToken[tokenKey{key, token}]
+		c = &Call[V]{began: now, token: token, overDetached: prev != nil && prev.detached.Load()}
 		if prev := g.latest[key]; prev != nil && !prev.finished {
 			c.prev = prev
 		}
@@ -204,12 +205,17 @@ func (g *Registry[V]) JoinOrWait(key, token string, c *Call[V]) *Call[V] {
 
 // Placer reports whether a load other than self has taken token's place
 // for key (see load: the load whose read placed a lease does), and
-// returns it if it may be joined.
+// returns it if it may be joined. A self that took the place of a load
+// under token that a write had detached reports that one: the placer
+// registered long since.
 func (g *Registry[V]) Placer(key, token string, self *Call[V]) (*Call[V], bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	o, ok := g.byToken[tokenKey{key, token}]
-	if !ok || o == self {
+	if o == self {
+		return nil, self.overDetached
+	}
+	if !ok {
 		return nil, false
 	}
 	if o.finished || o.detached.Load() {

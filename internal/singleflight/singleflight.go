@@ -92,6 +92,9 @@ type Call[V any] struct {
 	prev     *Call[V]     // for loads: the call of the key under way when this one began
 	own      bool         // for reads: the work runs on a goroutine of its own, not a caller's
 	aliases  []string     // for loads: other processes' leases it waits for, which joins match too
+	// overDetached: a load registered in the place of one under the
+	// same token that a write had detached (see Registry.Placer).
+	overDetached bool
 
 	// sealed is set once a read's reply has arrived: with a share window
 	// of zero, only callers that come while the read itself is in flight

@@ -272,6 +272,32 @@ func TestRegistryLoadTokens(t *testing.T) {
 	}
 }
 
+// TestRegistryPlacer: a load that found a lease before the load of the
+// read that placed it registered learns of that load once it registers;
+// one that took the place of a load under the same token that a write
+// had detached learns that the placer registered long since, and waits
+// for nothing.
+func TestRegistryPlacer(t *testing.T) {
+	t.Parallel()
+	var g Registry[ival]
+	early, _ := g.Claim("k", "lease-1", true, true) // found the lease first
+	if o, registered := g.Placer("k", "lease-1", early); o != nil || registered {
+		t.Fatalf("before the placer registered: %v, %v", o, registered)
+	}
+	placer, _ := g.Claim("k", "lease-1", true, false) // the placer never joins
+	if o, registered := g.Placer("k", "lease-1", early); o != placer || !registered {
+		t.Fatalf("once the placer registered: %v, %v; want it", o, registered)
+	}
+	g.Forget("k") // a write detaches the placer's load
+	after, joined := g.Claim("k", "lease-1", true, true)
+	if joined || after == placer {
+		t.Fatal("joined a detached load")
+	}
+	if o, registered := g.Placer("k", "lease-1", after); o != nil || !registered {
+		t.Fatalf("in the place of a detached placer: %v, %v; want nil, true", o, registered)
+	}
+}
+
 // TestGroupWaitersOfAnInlineLeader: when the first caller's context cannot
 // end, it does the work on its own goroutine; callers that join it, with
 // contexts of any kind, must still wait for its result.
