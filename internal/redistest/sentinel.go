@@ -51,7 +51,7 @@ func StartSentinel(tb testing.TB, master *Server, name string) string {
 		}
 	})
 	saddr := fmt.Sprintf("127.0.0.1:%d", port)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(startTimeout)
 	for {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: saddr})
 		addr, err := sc.GetMasterAddrByName(context.Background(), name).Result()
