@@ -778,6 +778,7 @@ func TestGroupsJoinedLocalLoad(t *testing.T) {
 // Cluster. Without the check at delivery (result.lateFor) the second
 // call got B-old.
 func TestGroupsJoinedAfterCheck(t *testing.T) {
+	t.Parallel() // the hooks are on its own Targets client
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, call := range []string{"Get", "GetOrLoadMany"} {
 			t.Run(call, func(t *testing.T) {
@@ -843,6 +844,7 @@ func TestGroupsJoinedAfterCheck(t *testing.T) {
 // check held by a hook). Without the rule (result.lateFor, and grouped
 // values unshared) both got the old value, single node and Cluster.
 func TestGroupsSharedReadAfterCheck(t *testing.T) {
+	t.Parallel() // the hooks are on its own Targets client
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, how := range []string{"held", "in flight"} {
 			t.Run(strings.ReplaceAll(how, " ", "-"), func(t *testing.T) {
