@@ -16,6 +16,7 @@ import (
 // is sent here to the node that owns the groups' slot, standing for a
 // promoted replica.
 func TestProbeSendsGroupScript(t *testing.T) {
+	t.Parallel() // a cluster of its own
 	cl := redistest.StartCluster(t, 3)
 	rdb := cl.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -43,6 +43,7 @@ func groupsNear(near bool, opts ...packcache.Option) []packcache.Option {
 // nothing that either process serves afterwards. Single node and Cluster,
 // near cache on and off.
 func TestGroupsTwoProcesses(t *testing.T) {
+	t.Parallel() // a set of the shared servers and a child process of its own; its bounds are from MaxLag, "whatever the machine's load"
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, near := range []bool{false, true} {
 			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {

@@ -82,6 +82,7 @@ func withNear(near bool, opts ...packcache.Option) []packcache.Option {
 // stored in the group afterwards is served. The invalidation is one
 // command.
 func TestGroupsInvalidate(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (forEachTarget); groups of its own
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, near := range []bool{false, true} {
 			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
@@ -163,6 +164,7 @@ func TestGroupsInvalidate(t *testing.T) {
 // loads it again and stores over it, and a loader's StoreWith puts the
 // value in its groups.
 func TestGroupsReadThrough(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		g := fmt.Sprintf("rt:%s:%d", tg.Name, time.Now().UnixNano())
@@ -206,6 +208,7 @@ func TestGroupsReadThrough(t *testing.T) {
 // nothing that a later Get serves, and no Get that starts after the
 // invalidation joins it.
 func TestGroupsSlowLoadNamesGroupLate(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, near := range []bool{false, true} {
 			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
@@ -275,6 +278,7 @@ func TestGroupsSlowLoadNamesGroupLate(t *testing.T) {
 // masters are invalidated by at most 3 commands, as are 10; every key is
 // a miss afterwards.
 func TestGroupsManyKeysCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("100,000 keys")
 	}
@@ -389,6 +393,7 @@ func TestGroupsMillionInvalidations(t *testing.T) {
 // invalidating cache, near cache or not, serves a value whose Set had
 // returned before the invalidation began.
 func TestGroupsRacingSets(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, near := range []bool{false, true} {
 			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
@@ -443,6 +448,8 @@ func TestGroupsRacingSets(t *testing.T) {
 // with a PTTL of at most 2 s, and neither Redis nor the near cache serves
 // it past that; an ErrNotFound carries its own TTL too.
 func TestStoreWithTTL(t *testing.T) {
+	// Not parallel: the PTTL read after the Get must come within the
+	// value's 2 s, and the loop waits those 2 s out, not the CPU.
 	s, rdb := single(t)
 	_ = s
 	ctx := ctxT(t)
@@ -495,6 +502,7 @@ func TestStoreWithTTL(t *testing.T) {
 // load does not load, or after the loader returned, fails with
 // ErrNotLoading and changes nothing.
 func TestStoreWithOutsideALoad(t *testing.T) {
+	t.Parallel() // a server of its own
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	if err := packcache.StoreWith(ctx, "k", packcache.SetTTL(time.Second)); !errors.Is(err, packcache.ErrNotLoading) {
@@ -526,6 +534,7 @@ func TestStoreWithOutsideALoad(t *testing.T) {
 // ErrPending, this process never serves the group's values meanwhile, and
 // the invalidation lands once Redis answers.
 func TestGroupsPending(t *testing.T) {
+	// Not parallel: the Set before the pause has pausable's 200 ms budget.
 	s, c, raw := pausable(t)
 	ctx := ctxT(t)
 	if err := c.Set(ctx, "p:1", "old", packcache.InGroups("pg")); err != nil {
@@ -557,6 +566,8 @@ func TestGroupsPending(t *testing.T) {
 // TestGroupsNearServes: a grouped value enters the near cache and is
 // served from it, with no Redis read, until its group is invalidated.
 func TestGroupsNearServes(t *testing.T) {
+	// Not parallel: a near cache that a loaded machine stopped (its
+	// heartbeat later than MaxLag) would read Redis, and this counts reads.
 	s, rdb := single(t)
 	ctx := ctxT(t)
 	c := mustNew[string](t, rdb, nearOpts(packcache.TrackPrefixes)...)
@@ -587,6 +598,7 @@ func TestGroupsNearServes(t *testing.T) {
 // sequence before the first call), and InvalidateGroups then invalidates
 // it. Later loads call their loader once.
 func TestGroupsFirstLoadStored(t *testing.T) {
+	t.Parallel() // "a process that has met no group" is a Cache of its own
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		g := fmt.Sprintf("first:%s:%d", tg.Name, time.Now().UnixNano())
@@ -630,6 +642,7 @@ func TestGroupsFirstLoadStored(t *testing.T) {
 // value, which its loader read before the invalidation; nothing serves it
 // afterwards. Each cache has a client of its own: another process.
 func TestGroupsJoinedAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, near := range []bool{false, true} {
 			t.Run(fmt.Sprintf("near=%v", near), func(t *testing.T) {
@@ -715,6 +728,7 @@ func TestGroupsJoinedAcrossProcesses(t *testing.T) {
 // its group invalidated since it read the group sequence, calls its
 // loader again, and every caller gets the second value.
 func TestGroupsJoinedLocalLoad(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		ctx := ctxT(t)
 		g := fmt.Sprintf("gap:%s:%d", tg.Name, time.Now().UnixNano())
@@ -764,6 +778,7 @@ func TestGroupsJoinedLocalLoad(t *testing.T) {
 // Cluster. Without the check at delivery (result.lateFor) the second
 // call got B-old.
 func TestGroupsJoinedAfterCheck(t *testing.T) {
+	t.Parallel() // the hooks are on its own Targets client
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, call := range []string{"Get", "GetOrLoadMany"} {
 			t.Run(call, func(t *testing.T) {
@@ -829,6 +844,7 @@ func TestGroupsJoinedAfterCheck(t *testing.T) {
 // check held by a hook). Without the rule (result.lateFor, and grouped
 // values unshared) both got the old value, single node and Cluster.
 func TestGroupsSharedReadAfterCheck(t *testing.T) {
+	t.Parallel() // the hooks are on its own Targets client
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		for _, how := range []string{"held", "in flight"} {
 			t.Run(strings.ReplaceAll(how, " ", "-"), func(t *testing.T) {

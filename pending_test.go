@@ -382,9 +382,13 @@ func TestPendingNotForCallerContext(t *testing.T) {
 	redistest.RequireReal(t, s, "CLIENT PAUSE")
 	admin := s.Client(t)
 	c := mustNew[string](t, rdb)
-	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "200", "WRITE").Err(); err != nil {
+	// Paused until the Delete has returned, however long the machine
+	// takes to send it: a pause of 200 ms could end first on a busy
+	// machine, and the Delete then succeeded (seen at load 11).
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
+	defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
 	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	err := c.Delete(short, "k")

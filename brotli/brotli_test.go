@@ -95,6 +95,7 @@ func stockDecode(p []byte) ([]byte, error) {
 }
 
 func TestRoundTrip(t *testing.T) {
+	t.Parallel() // codecs of its own; CPU, beside the other codec tests (TestBomb, which counts allocation, runs alone before)
 	inputs := []struct {
 		name string
 		b    []byte
@@ -384,11 +385,16 @@ func TestBomb(t *testing.T) {
 // qualities encode partly with references into Brotli's static dictionary,
 // whose meaning depends on the greatest backward distance.
 func TestShrunkWindowKeepsOutput(t *testing.T) {
+	t.Parallel()
+	// Over 256 KiB, the least window, so that every window's ring buffer
+	// wraps, and under 512 KiB, so that every window from 2^20 up is
+	// lowered (to 2^19) under the limits that let it decode: quality 11
+	// encodes half a megabyte a second, so every byte more costs.
 	var text []byte
-	for i := 0; len(text) < 300<<10; i++ {
+	for i := 0; len(text) < 150<<10; i++ {
 		text = fmt.Appendf(text, "The quick brown fox %d jumps over the lazy dog; international government information. ", i)
 	}
-	text = append(text, chatJSON(300<<10)...)
+	text = append(text, chatJSON(150<<10)...)
 	for _, q := range []int{1, 6, 11} {
 		if q == 11 && (testing.Short() || raceEnabled) {
 			continue // half a megabyte a second, ten times slower under -race
@@ -406,8 +412,8 @@ func TestShrunkWindowKeepsOutput(t *testing.T) {
 			if err != nil || !bytes.Equal(stock, text) {
 				t.Fatalf("q%d window 2^%d: stock reader: %v", q, lgwin, err)
 			}
-			// len(text) is about 600 KB: windows of 2^20 and up are
-			// lowered to 2^20.
+			// len(text) is about 300 KB: windows of 2^20 and up are
+			// lowered to 2^19.
 			for _, limit := range []int{len(text), len(text) + 100<<10} {
 				out, err := registered.Decode(nil, p, limit)
 				if err != nil || !bytes.Equal(out, text) {
@@ -426,6 +432,7 @@ func TestShrunkWindowKeepsOutput(t *testing.T) {
 // TestConcurrent runs encoders and decoders of one codec from many
 // goroutines: the pools hand each its own state.
 func TestConcurrent(t *testing.T) {
+	t.Parallel()
 	c := brotli.New(3)
 	docs := [][]byte{nil, chatJSON(1 << 10), chatJSON(50 << 10), randomBytes(10<<10, 5)}
 	var wg sync.WaitGroup

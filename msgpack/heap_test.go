@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,25 +130,50 @@ func TestNearHeapBound(t *testing.T) {
 	if err := rowsW.Set(ctx, "heap:ready", nil); err != nil {
 		t.Fatal(err)
 	}
+	// Made and written by a few goroutines at once: the documents and
+	// their encoding are seconds of CPU, and nothing is measured yet.
 	keys := map[string][]string{}
-	set := func(shape string, i int, f func(ctx context.Context, k string) error) {
-		k := fmt.Sprintf("heap:%s:%d", shape, i)
-		if err := f(ctx, k); err != nil {
-			t.Fatal(err)
+	for _, shape := range []string{"rows", "keyed", "doc"} {
+		for i := range sizes {
+			keys[shape] = append(keys[shape], fmt.Sprintf("heap:%s:%d", shape, i))
 		}
-		keys[shape] = append(keys[shape], k)
 	}
-	for i, size := range sizes {
-		rows := heapRows(uint64(i), size)
-		set("rows", i, func(ctx context.Context, k string) error { return rowsW.Set(ctx, k, rows) })
-		set("keyed", i, func(ctx context.Context, k string) error {
-			m := make(map[string]heapRow, len(rows))
-			for j, row := range rows {
-				m[fmt.Sprintf("row-%d", j)] = row
+	next := make(chan int)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range next {
+				size := sizes[i]
+				rows := heapRows(uint64(i), size)
+				m := make(map[string]heapRow, len(rows))
+				for j, row := range rows {
+					m[fmt.Sprintf("row-%d", j)] = row
+				}
+				for _, err := range []error{
+					rowsW.Set(ctx, keys["rows"][i], rows),
+					mapW.Set(ctx, keys["keyed"][i], m),
+					docW.Set(ctx, keys["doc"][i], makeDoc(uint64(i), size/90)),
+				} {
+					if err != nil {
+						select {
+						case errs <- err:
+						default:
+						}
+					}
+				}
 			}
-			return mapW.Set(ctx, k, m)
 		})
-		set("doc", i, func(ctx context.Context, k string) error { return docW.Set(ctx, k, makeDoc(uint64(i), size/90)) })
+	}
+	for i := range sizes {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
 	}
 	run := func(name string, f func(t *testing.T) (int64, packcache.Stats)) {
 		t.Run(name, func(t *testing.T) {

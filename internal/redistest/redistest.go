@@ -72,7 +72,9 @@ func logFallback(tb testing.TB) {
 
 // Start starts a fresh redis-server on a free 127.0.0.1 port and registers a
 // cleanup with tb that stops it. The server has no persistence (--save ""
-// --appendonly no), binds 127.0.0.1 only, runs in its own tb.TempDir
+// --appendonly no), sends a new replica its data at once
+// (--repl-diskless-sync-delay 0, where Redis waits 5 s for more replicas
+// to share the transfer), binds 127.0.0.1 only, runs in its own tb.TempDir
 // (which also holds its log file, redis.log) and is started in its own
 // process group. Extra args are appended to the redis-server command line,
 // for example "--maxmemory", "1mb"; they must not change the port, bind

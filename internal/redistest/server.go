@@ -207,6 +207,7 @@ func (s *Server) cmdline() []string {
 		"--dir", s.dir,
 		"--logfile", s.logPath(),
 		"--loglevel", "warning",
+		"--repl-diskless-sync-delay", "0", // a replica syncs at once, not after 5 s
 	}
 	if s.cmode {
 		timeout := s.nodeTimeout
