@@ -19,7 +19,6 @@ import (
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 	"github.com/packcache/packcache/internal/dictset"
-	"github.com/packcache/packcache/internal/httpenc"
 	"github.com/packcache/packcache/internal/owed"
 	"github.com/packcache/packcache/internal/singleflight"
 	"github.com/packcache/packcache/internal/tracking"
@@ -491,14 +490,6 @@ type cache struct {
 	nearClock *otter.CoarseClock // otter's clock for the near caches' expiry (see newNear)
 }
 
-// needsPTTL reports whether a read of a key under p must learn the time the
-// value has to live: to tell a stale value or one due for refresh, and to
-// cap a near-cache entry's life by it (Redis tells of an expiry only when
-// it gets round to deleting the key).
-func (p *policy) needsPTTL() bool {
-	return p.refreshAfter > 0 || p.staleFor > 0 || p.near != nil
-}
-
 // policy is a Policy resolved: every field set, in the form the cache
 // uses, with its counters.
 type policy struct {
@@ -522,62 +513,6 @@ type policy struct {
 	undict    codec.Codec     // with dict: the zstd codec of its level, for when it cannot be published
 	dictRedis dictRedis
 }
-
-// result is what shared work hands its callers.
-type result struct {
-	val   any    // a *T; nil for none
-	data  []byte // the serialized value, when each caller decodes its own
-	size  int    // the serialized value's length, when decoded from Redis
-	from  source
-	stale bool
-	// unshared: the read cannot be told of a later change of its key (a
-	// grouped value, see checked; or a
-	// TrackKeys near cache's read that Redis does not track for this
-	// process), so it is shared only while in flight, never held.
-	unshared bool
-	// joined: the read that produced it joined a load another began, so
-	// its callers shared work (for Stats and the Observer).
-	joined bool
-	// checked is, for a grouped value (one a load put in groups, or one
-	// read from Redis in an envelope with groups), the number of the
-	// last check of its groups (groupState.checks); 0 otherwise. Such a
-	// value is unshared too.
-	checked uint64
-	// expires is when the value read expires in Redis, in unix
-	// nanoseconds, when known (0 otherwise): it is shared no later.
-	expires int64
-	// stored is the value as Redis holds it, when read from there: Serve
-	// may send it as it is. edge is what Serve keeps of a near-cache
-	// entry (nil: nothing yet). See serve.go.
-	stored string
-	edge   *httpenc.Edge
-}
-
-// lateFor reports whether r is a grouped value whose groups were last
-// checked (by its read, or its load) before a call that began when the
-// groups' checks numbered since: an
-// invalidation of its groups may have come between the check and the
-// call (InvalidateGroups promises such a call no value from before it),
-// so the call does not take it, and reads again.
-func (r *result) lateFor(since uint64) bool {
-	return r.checked != 0 && r.checked <= since
-}
-
-// ShareUntil says until when, in unix nanoseconds, a finished read with
-// this outcome may be shared with later callers: values and misses may,
-// for the share window but never past the value's expiry; errors and
-// stale values may not (0), so that the next caller tries again.
-func (r result) ShareUntil(err error) int64 {
-	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale || r.unshared {
-		return 0
-	}
-	if r.expires != 0 {
-		return r.expires
-	}
-	return 1<<63 - 1
-}
-
-type source uint8
 
 const (
 	fromRedis  source = iota

@@ -3,52 +3,29 @@ package packcache
 import (
 	"context"
 	crand "crypto/rand"
-	"encoding/binary"
 	"errors"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 )
 
-// Leases: how long they live, how their holder keeps them alive, how a
-// read places one, and what a process remembers of the leases it may have
-// placed without knowing it. (What a lease is for, and the scripts that
-// take, store over and release it: see FORMAT.md, section 2.2.) Then the
-// guarded stores: how a load stores only over its own lease, or over the
-// value it began from, so that writes are never undone.
+// Leases: what a process remembers of the leases it may have placed
+// without knowing it, and how a load takes one over. (What a lease is
+// for, and the scripts that take, store over and release it: see
+// FORMAT.md, section 2.2.) Then the guards: how a load stores only over
+// its own lease, or over the value it began from, so that writes are
+// never undone. How a read places a lease, and the guarded store, are
+// Redis commands of a miss (roundtrip.go); how a load keeps its leases
+// alive is the load's (loader.go).
 //
 // A lease lives for leaseTTL, three Redis budgets, from when it is placed
 // or last extended. The load that holds it extends it every budget while
 // its loader runs (keeper), so a lease lives as long as its load; a lease
 // whose holder stalled, died or gave up dies within leaseTTL.
-
-// leaseTTL is how long a lease lives unless its holder extends it: three
-// Redis budgets, so that one extension that fails or waits out its whole
-// budget still leaves the lease a budget to live before the next.
-func (c *cache) leaseTTL() time.Duration { return 3 * c.redisTimeout }
-
-// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
-// and a counter, so that a read that may place a lease makes its token
-// with an atomic add, not a call to the system's random source, and a
-// cache knows its own leases by their tag.
-var leaseSeq atomic.Uint64
-
-// newLease returns a fresh lease value: the lease header byte and a
-// 16-byte token unique to this cache (its tag and a counter).
-func (c *cache) newLease() string {
-	var b [17]byte
-	b[0] = codec.HeaderLease
-	copy(b[1:9], c.leases.tag[:])
-	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
-	return string(b[:])
-}
 
 // tagged reports whether lease is one of this cache's (by its tag).
 func (c *cache) tagged(lease string) bool {
@@ -289,55 +266,6 @@ func (c *cache) dropLease(ctx context.Context, key, lease string) {
 	}()
 }
 
-// setGetBackoff is how long a node that refused SET NX GET is read with
-// GET before it is tried again: it may have been under maxmemory, or
-// replaced by a newer server.
-const setGetBackoff = time.Second
-
-// setGetRefused reports whether err is a node's error reply to SET NX GET
-// that a plain GET would not get: a server older than 7.0 (a syntax
-// error), a write refused under maxmemory with noeviction (OOM), an ACL
-// that allows reads only (NOPERM), a read-only replica (READONLY). Replies
-// that say the node cannot serve at all (LOADING, CLUSTERDOWN, ...) are
-// failures, not refusals, and WRONGTYPE is the key's, not the node's.
-func setGetRefused(err error) bool {
-	if err == nil || err == redis.Nil {
-		return false // a hit or a miss: the common case, without errors.As
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	if strings.HasPrefix(re.Error(), "WRONGTYPE") {
-		return false // the key's own: a GET gets it too
-	}
-	return !breaker.Unavailable(re)
-}
-
-// canSetGet reports whether reads of key may place a lease with SET NX
-// GET: unless its node refused it within setGetBackoff. It costs one
-// atomic load while no node has.
-func (c *cache) canSetGet(ctx context.Context, key string) bool {
-	if !c.leases.any.Load() {
-		return true
-	}
-	v, ok := c.leases.noSetGet.Load(c.nodes.ForKey(ctx, key))
-	return !ok || time.Now().UnixNano() >= v.(int64)
-}
-
-// refuseSetGet notes that key's node refused SET NX GET.
-func (c *cache) refuseSetGet(ctx context.Context, key string) {
-	c.leases.noSetGet.Store(c.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
-	c.leases.any.Store(true)
-}
-
-// setGetCmd is SET key lease PX ttl NX GET: it returns what key holds and
-// writes nothing, or, where key holds nothing, places lease and returns
-// nil.
-func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis.StringCmd {
-	return redis.NewStringCmd(ctx, "set", key, lease, "px", strconv.FormatInt(ttl.Milliseconds(), 10), "nx", "get")
-}
-
 // Writes are never undone. Once Set or Delete of a key returns, no load
 // that began before it, in this process or any other, can leave its value
 // in Redis; and no Get of this process that starts afterwards returns
@@ -381,7 +309,7 @@ func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis
 // own, or else loads without storing, or with WithLock waits for the
 // other process's value (taking the lease over if it outlives the wait).
 //
-// A lease lives as long as its load (lease.go): its TTL is three Redis
+// A lease lives as long as its load (keeper, loader.go): its TTL is three Redis
 // budgets, and the load extends it every budget while its loader runs. A
 // lease whose holder stalled, died or gave up dies within three budgets of
 // its last extension, and blocks stores of the key no longer.
@@ -431,53 +359,10 @@ if v and (ARGV[3] == '' or v ~= ARGV[3]) then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false`)
 
-// storeScript writes ARGV[3] (for ARGV[4] ms; 0: no expiry) only if the
-// key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
-// ARGV[2] (ARGV[1] = 'd') and, if ARGV[5] is not negative, whose time to
-// live is at most ARGV[5] ms (a write in between would have set it
-// anew); or if the key holds exactly ARGV[3] already, whose time to live
-// it sets anew: so a store made again, after a first copy that ran but
-// whose reply came too late, does what the first one did. It returns 1
-// if it wrote, 0 if not.
-var storeScript = redis.NewScript(`
-local cur = redis.call('GET', KEYS[1])
-if cur ~= ARGV[3] then
-  if ARGV[1] == 'l' then
-    if cur ~= ARGV[2] then return 0 end
-  elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
-    return 0
-  elseif tonumber(ARGV[5]) >= 0 and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[5]) then
-    return 0
-  end
-end
-if ARGV[4] == '0' then
-  redis.call('SET', KEYS[1], ARGV[3])
-else
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
-end
-return 1`)
-
 // releaseScript deletes the key only if it holds the lease ARGV[1].
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
-
-// storeArgs are the arguments of storeScript for a guarded write.
-func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
-	mode := "l"
-	if g.kind == guardDigest {
-		mode = "d"
-	}
-	ms := int64(0)
-	if ttl != Off {
-		ms = max(ttl.Milliseconds(), 1)
-	}
-	maxPTTL := int64(-1)
-	if g.kind == guardDigest {
-		maxPTTL = g.maxPTTL
-	}
-	return []any{mode, g.value, stored, ms, maxPTTL}
-}
 
 // acquireLeases places leases[i] on keys[i], in one pipeline, where the
 // key holds nothing or exactly the lease olds[i] being taken over (""
@@ -499,51 +384,6 @@ func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) 
 	return held, errs
 }
 
-// A pendingWrite is a guarded write of a load's value.
-type pendingWrite struct {
-	job    int // the load's job it stores for
-	key    string
-	g      guard
-	stored []byte
-	ttl    time.Duration
-	enc    encoded
-	so     setOptions // what the loader chose for it (StoreWith)
-}
-
-// errSuperseded is a guarded write refused because the key was written
-// after the load began: the write won, as it must. It is not an error.
-var errSuperseded = errors.New("packcache: superseded by a later write")
-
-// storeGuarded makes guarded writes in one pipeline, and returns each
-// one's error: nil when it wrote, errSuperseded when its guard no longer
-// held, or a Redis failure.
-func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
-	keys := make([]string, len(writes))
-	for i, w := range writes {
-		keys[i] = w.key
-	}
-	cmds := make([]*redis.Cmd, len(writes))
-	errs := c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		w := writes[i]
-		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
-		return cmds[i]
-	})
-	for i, w := range writes {
-		if errs[i] != nil {
-			continue
-		}
-		p := c.policy(w.key)
-		if n, _ := cmds[i].Int(); n == 0 {
-			inc(&p.stats.Superseded)
-			errs[i] = errSuperseded
-			continue
-		}
-		inc(&p.stats.Stores)
-		c.changed(stored, w.key)
-	}
-	return errs
-}
-
 // releaseLeases removes leases[i] from keys[i], in one pipeline, where it
 // is still there: the loads they stood for store nothing. Failures are
 // reported; a lease not released expires by itself.
@@ -559,13 +399,4 @@ func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
 			c.report(ctx, keys[i], err)
 		}
 	}
-}
-
-// runScript queues script on key in pipe (or runs it, on a client): as
-// EVALSHA, or as EVAL when sha is false (a node answered NOSCRIPT).
-func runScript(ctx context.Context, pipe redis.Cmdable, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
-	if sha {
-		return script.EvalSha(ctx, pipe, []string{key}, args...)
-	}
-	return script.Eval(ctx, pipe, []string{key}, args...)
 }

@@ -127,24 +127,6 @@ func WithObserver(o Observer) Option {
 	}
 }
 
-// readOutcome is what a reader got, as Stats and the Observer count it:
-// the one classification of a read's result.
-func readOutcome(stale bool, from source, err error) ReadOutcome {
-	switch {
-	case err == nil && stale:
-		return ReadStale
-	case err == nil && from == fromLoader:
-		return ReadMiss
-	case err == nil:
-		return ReadHit
-	case errors.Is(err, ErrMiss):
-		return ReadMiss
-	case errors.Is(err, ErrNotFound):
-		return ReadNotFound
-	}
-	return ReadError
-}
-
 // observeLoad tells the observer of a loader call that began at start.
 func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
 	if c.obs == nil {
