@@ -530,18 +530,6 @@ func StoreWith(ctx context.Context, key string, opts ...SetOption) error {
 	return nil
 }
 
-// storeOptions ends the window in which StoreWith may be called for the
-// load l, and returns what it set.
-func (l *loading) storeOptions() map[string]setOptions {
-	if l == nil {
-		return nil
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ended = true
-	return l.opts
-}
-
 // errNoGroupSeq is the group sequence of a load that did not read it:
 // the process had not met groups when the load began.
 var errNoGroupSeq = errors.New("packcache: the load began before this process met groups: it read no group sequence")
@@ -645,12 +633,6 @@ func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map
 	}
 	l.stamped = &groupStamp{groups: groups, recs: recs}
 	return slices.ContainsFunc(groups, func(g string) bool { return recs[g] > seq })
-}
-
-// loadingOf is the load whose context ctx is.
-func loadingOf(ctx context.Context) *loading {
-	l, _ := ctx.Value(loadingKey{}).(*loading)
-	return l
 }
 
 // envelop puts the load's writes that the loader placed in groups (or

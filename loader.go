@@ -106,6 +106,24 @@ type loading struct {
 
 type loadingKey struct{}
 
+// loadingOf is the load whose context ctx is.
+func loadingOf(ctx context.Context) *loading {
+	l, _ := ctx.Value(loadingKey{}).(*loading)
+	return l
+}
+
+// storeOptions ends the window in which StoreWith may be called for the
+// load l, and returns what it set.
+func (l *loading) storeOptions() map[string]setOptions {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = true
+	return l.opts
+}
+
 // reentrant reports a call for key made from inside key's own load.
 func (c *cache) reentrant(ctx context.Context, key string) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
@@ -519,6 +537,14 @@ func callLoadFunc(ctx context.Context, fn loadFunc, keys []string) (map[string]a
 	return fn.loadKeys(ctx, keys)
 }
 
+// observeLoad tells the observer of a loader call that began at start.
+func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
+	if c.obs == nil {
+		return
+	}
+	c.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
+}
+
 // fail ends job i with the load's error err: its callers get err, or,
 // from a value past its TTL, that value (StaleFor).
 func (l *loadRun) fail(ctx context.Context, i int, err error) {
@@ -554,6 +580,84 @@ func (l *loadRun) keep(ctx context.Context) (stop func()) {
 	return l.c.keepLeases(ctx, keys, leases).stop
 }
 
+// extendScript sets the key's expiry to ARGV[2] ms only if it holds the
+// lease ARGV[1], and returns 1 if it did, 0 if not.
+var extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+
+// A keeper extends the leases of a load, leases[i] on keys[i], every Redis
+// budget until it is stopped, its load's context ends or no lease is
+// left. A key whose lease is gone (a write replaced it, or it expired) is
+// dropped; a failed extension is tried again at the next budget (the
+// lease has two more to live). It runs on a timer, not a goroutine of its
+// own: a load that ends within a budget, as most do, costs it one timer
+// and no goroutine; each extension runs on the timer's goroutine, which
+// ends with it.
+type keeper struct {
+	c            *cache
+	ctx          context.Context // the load's
+	keys, leases []string
+
+	mu      sync.Mutex
+	stopped bool
+	t       *time.Timer
+}
+
+// keepLeases starts a keeper of leases on keys for the load whose
+// context is ctx; it takes keys and leases as its own.
+func (c *cache) keepLeases(ctx context.Context, keys, leases []string) *keeper {
+	k := &keeper{c: c, ctx: ctx, keys: keys, leases: leases}
+	k.mu.Lock()
+	k.t = time.AfterFunc(c.redisTimeout, k.extend)
+	k.mu.Unlock()
+	return k
+}
+
+// stop stops k: no extension starts after it returns (one under way
+// finds the lease gone, or the load's value in its place, and does
+// nothing).
+func (k *keeper) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.t.Stop()
+	k.mu.Unlock()
+}
+
+func (k *keeper) extend() {
+	k.mu.Lock()
+	stopped := k.stopped
+	k.mu.Unlock()
+	c := k.c
+	if stopped || k.ctx.Err() != nil || !c.life.trySpawn() {
+		return
+	}
+	defer c.life.exit()
+	keys, leases := k.keys, k.leases
+	cmds := make([]*redis.Cmd, len(keys))
+	ms := c.leaseTTL().Milliseconds()
+	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
+		return cmds[i]
+	})
+	n := 0
+	for i, err := range errs {
+		if err == nil {
+			if v, _ := cmds[i].Int(); v == 0 {
+				continue // replaced by a write, or expired: nothing to keep
+			}
+		}
+		keys[n], leases[n] = keys[i], leases[i]
+		n++
+	}
+	k.keys, k.leases = keys[:n], leases[:n]
+	k.mu.Lock()
+	if !k.stopped && n > 0 && k.ctx.Err() == nil {
+		k.t.Reset(c.redisTimeout)
+	}
+	k.mu.Unlock()
+}
+
 // release releases, in one pipeline, the leases the load took and did not
 // store over, so that readers do not take the keys for a load in progress.
 func (l *loadRun) release(ctx context.Context) {
@@ -564,6 +668,23 @@ func (l *loadRun) release(ctx context.Context) {
 		}
 	}
 	l.c.releaseLeases(ctx, keys, leases)
+}
+
+// releaseLeases removes leases[i] from keys[i], in one pipeline, where it
+// is still there: the loads they stood for store nothing. Failures are
+// reported; a lease not released expires by itself.
+func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
+	if len(keys) == 0 {
+		return
+	}
+	errs := c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
+	})
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, ErrCircuitOpen) {
+			c.report(ctx, keys[i], err)
+		}
+	}
 }
 
 // settle decides for each key how its load may store, from what the key

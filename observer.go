@@ -127,14 +127,6 @@ func WithObserver(o Observer) Option {
 	}
 }
 
-// observeLoad tells the observer of a loader call that began at start.
-func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
-	if c.obs == nil {
-		return
-	}
-	c.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
-}
-
 // redisFailed counts a failed Redis operation on key's prefix and tells the
 // observer, with the node's address.
 //
