@@ -222,7 +222,7 @@ func (c *cache) dropLease(ctx context.Context, key, lease string) {
 // does: the read that places the lease, and the store, a script. A hit is
 // the one read, which writes nothing where the key holds a value
 // (BenchmarkHitWithLease sets it beside a GET). The second promise, within
-// this process, is changed's (near.go): a write detaches every read and load of the
+// this process, is changed's (write.go): a write detaches every read and load of the
 // key under way from later callers.
 //
 // While a lease is in place, readers treat the key as "a load is in

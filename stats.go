@@ -165,13 +165,6 @@ type codecCounters struct {
 	values, bytesIn, bytesOut atomic.Uint64
 }
 
-func (c *counters) wrote(id byte, in, out int) {
-	cc := &c.codecs[id]
-	cc.values.Add(1)
-	cc.bytesIn.Add(uint64(in))
-	cc.bytesOut.Add(uint64(out))
-}
-
 func (c *counters) snapshot() Counters {
 	var s Counters
 	from, to := reflect.ValueOf(&c.Counters).Elem(), reflect.ValueOf(&s).Elem()
