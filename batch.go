@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/internal/owed"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // The batch calls read and write many keys in one pipeline: one round trip
@@ -125,7 +126,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 		return nil, nil
 	}
 	var jobs []loadJob
-	calls := make([]*call[result], len(toLoad))
+	calls := make([]*singleflight.Call[result], len(toLoad))
 	joined := make([]bool, len(toLoad))
 	for i, k := range toLoad {
 		p := c.policy(k)

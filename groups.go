@@ -15,6 +15,7 @@ import (
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/owed"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // Groups: a version per group, checked on read (docs/groups.md).
@@ -566,7 +567,7 @@ func (l *loadRun) again(ctx context.Context, fn loadFunc, keys []string, vals ma
 	l.stamped = nil
 	first := loadingOf(ctx)
 	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: first.cache, keys: first.keys, parent: first.parent})
-	vals, err = protect(ctx, fn, keys, callLoadFunc)
+	vals, err = singleflight.Protect(ctx, fn, keys, callLoadFunc, panicError)
 	return vals, loadingOf(ctx).storeOptions(), seq, nil, err
 }
 

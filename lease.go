@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // Leases: what a process remembers of the leases it may have placed
@@ -47,7 +48,7 @@ const placerPoll = 20 * time.Millisecond
 // CPU on a busy machine. If the key comes to hold something else, or the
 // placer has registered and ended (or a write detached it), it returns
 // what the key then holds, to be decided on (changed).
-func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *call[result], now judgement, changed bool) {
+func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *singleflight.Call[result], now judgement, changed bool) {
 	j := &l.jobs[i]
 	deadline := time.Now().Add(l.c.leaseTTL())
 	read := time.Now().Add(placerPoll)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // A Loader loads the value for a key from the source of truth, such as a
@@ -190,20 +192,20 @@ func (f manyLoader) loadKeys(ctx context.Context, keys []string) (map[string]any
 type loadJob struct {
 	key     string
 	p       *policy
-	from    judgement     // what the read that started the load found
-	token   string        // the load's identity in the registry: see loadToken
-	refresh bool          // a background refresh of a value still fresh
-	cl      *call[result] // the key's call in the registry
+	from    judgement                  // what the read that started the load found
+	token   string                     // the load's identity in the registry: see loadToken
+	refresh bool                       // a background refresh of a value still fresh
+	cl      *singleflight.Call[result] // the key's call in the registry
 
-	load   bool          // the loader is to be called for it, storing under g
-	g      guard         // how it may store
-	seen   string        // another process's lease it found, while settling
-	own    bool          // seen is a lease of this process's whose outcome it did not learn
-	mine   bool          // seen is this cache's lease, placed by a read whose load had not registered
-	join   *call[result] // another load of this process that now holds the key
-	stored bool          // its value (or tombstone) was written
-	loaded bool          // the loader gave a value or ErrNotFound for it (Loads)
-	kept   bool          // not stored, and counted why (Superseded or TooLarge)
+	load   bool                       // the loader is to be called for it, storing under g
+	g      guard                      // how it may store
+	seen   string                     // another process's lease it found, while settling
+	own    bool                       // seen is a lease of this process's whose outcome it did not learn
+	mine   bool                       // seen is this cache's lease, placed by a read whose load had not registered
+	join   *singleflight.Call[result] // another load of this process that now holds the key
+	stored bool                       // its value (or tombstone) was written
+	loaded bool                       // the loader gave a value or ErrNotFound for it (Loads)
+	kept   bool                       // not stored, and counted why (Superseded or TooLarge)
 	res    result
 	err    error
 }
@@ -254,8 +256,8 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 // TTL, StaleFor says the caller gets that value (a load the caller
 // joined may have begun from another state, with no stale value of its
 // own to fall back on).
-func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgement, cl *call[result], joined bool) (result, error) {
-	r, err := wait(ctx, cl)
+func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgement, cl *singleflight.Call[result], joined bool) (result, error) {
+	r, err := singleflight.Wait(ctx, cl)
 	r.joined = joined
 	return c.fallBack(ctx, key, j, r, err)
 }
@@ -300,7 +302,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	keys := make([]string, len(jobs))
 	for i := range jobs {
 		keys[i] = jobs[i].key
-		jobs[i].err = keyErr("load", keys[i], errGoexit) // what runtime.Goexit in fn leaves
+		jobs[i].err = keyErr("load", keys[i], singleflight.ErrGoexit) // what runtime.Goexit in fn leaves
 	}
 	lctx, cancel := c.loadContext(ctx, keys, false)
 	defer cancel()
@@ -329,10 +331,10 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 			released(jobs[0].err)
 		}
 	}()
-	_, err := protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
+	_, err := singleflight.Protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
 		l.run(ctx, fn, timeout)
 		return struct{}{}, nil
-	})
+	}, panicError)
 	for i := range jobs {
 		j := &jobs[i]
 		switch {
@@ -356,7 +358,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	}
 	for i := range jobs {
 		if j := &jobs[i]; j.join != nil {
-			j.res, j.err = wait(lctx, j.join)
+			j.res, j.err = singleflight.Wait(lctx, j.join)
 			c.loads.Finish(j.key, j.cl, j.res, j.err)
 		}
 	}
@@ -405,7 +407,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
 	// past fn, in a serializer or a codec, is caught by runLoad).
-	vals, err := protect(ctx, fn, keys, callLoadFunc)
+	vals, err := singleflight.Protect(ctx, fn, keys, callLoadFunc, panicError)
 	opts := loadingOf(ctx).storeOptions()
 	if seqErr == errNoGroupSeq && l.grouped(opts, err) {
 		vals, opts, seq, seqErr, err = l.again(ctx, fn, keys, vals, opts, err)
@@ -963,7 +965,7 @@ func isKeyError(err error, key string) bool {
 // loadToken names the state a load begins from, so that only reads that
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
-// Redis unreachable, unprovenToken.
+// Redis unreachable, singleflight.Unproven.
 func (c *cache) loadToken(j judgement) string {
 	switch j.v {
 	case vMiss:
@@ -974,10 +976,13 @@ func (c *cache) loadToken(j judgement) string {
 	case vLease:
 		return j.lease
 	case vUnavailable:
-		return unprovenToken
+		return singleflight.Unproven
 	case vOwed:
 		return owedToken
 	default:
 		return "sha1:" + j.digest
 	}
 }
+
+// owedToken is the token of loads of a key whose invalidation is owed.
+const owedToken = "owed"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/httpenc"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // A read, in call order: get answers from the near cache or a read of the
@@ -173,7 +174,7 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 		}
 	}
 	inc(&p.stats.CoalescedWaits)
-	*r, err = wait(ctx, cl)
+	*r, err = singleflight.Wait(ctx, cl)
 	return err, true
 }
 
@@ -184,13 +185,13 @@ type flight struct {
 	key string
 	p   *policy
 	ld  loadOne
-	cl  *call[result] // the read's call, once it runs (nil without coalescing)
+	cl  *singleflight.Call[result] // the read's call, once it runs (nil without coalescing)
 }
 
 // Run is the work of one read, shared by the callers that coalesce (cl
 // is their call; nil without coalescing): it reads key, judges what Redis
 // holds, and acts on the judgement.
-func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
+func (f flight) Run(ctx context.Context, cl *singleflight.Call[result]) (result, error) {
 	c, key, p := f.c, f.key, f.p
 	f.cl = cl
 	var t ticket
