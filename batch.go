@@ -139,8 +139,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 		}
 	}
 	if len(jobs) > 0 {
-		c.life.spawn()
-		go c.runLoad(ctx, ld, jobs, nil)
+		c.goLoad(ctx, ld, jobs)
 	}
 	var late []string
 	for i, k := range toLoad {

@@ -468,6 +468,13 @@ type cache struct {
 	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
 	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
 
+	// Coalescing, where concurrent callers share work, is
+	// internal/singleflight: the reads of Get, GetOrLoad and Serve are
+	// shared by a Group, their work being flight.Run (read.go), and run
+	// on goroutines the Group counts for Close; the loads are shared by a
+	// Registry, among the reads that found the same state of a key
+	// (loader.go). (The dictionary set's fetches are a Group too:
+	// internal/dictset.)
 	lookups singleflight.Group[result, flight] // Gets without a loader: read and decode
 	reads   singleflight.Group[result, flight] // Gets with a loader: read, decode, and load on a miss
 	loads   singleflight.Registry[result]      // loads, shared by the reads that found the same state
@@ -557,7 +564,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 	}
 	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
-		g.Init(cfg.shareWindow, spawns{&c.life}, panicError)
+		g.Init(cfg.shareWindow, panicError)
 	}
 	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
@@ -715,22 +722,35 @@ func (c *cache) close() error {
 	}
 	defer c.closeNear()
 	defer c.nodes.Close()
+	// The calls and loads, and the shared reads, which the groups count
+	// (a read's goroutine runs its miss's load too).
+	idle := []<-chan struct{}{c.life.idle, c.lookups.Close(), c.reads.Close()}
 	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
 	defer t.Stop()
-	select {
-	case <-c.life.idle:
+	if waitAll(idle, t.C) {
 		return closeOwed(&c.owed, &c.peers)
-	case <-t.C:
 	}
 	c.life.cancel()
 	t.Reset(c.redisTimeout)
-	select {
-	case <-c.life.idle:
+	if waitAll(idle, t.C) {
 		return closeOwed(&c.owed, &c.peers)
-	case <-t.C:
-		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-			c.life.state.Load()&^closedBit, c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
 	}
+	running := c.life.state.Load()&^closedBit + c.lookups.Running() + c.reads.Running()
+	return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
+		running, c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
+}
+
+// waitAll waits for every channel of idle to close, and reports whether
+// they all did before timeout fired.
+func waitAll(idle []<-chan struct{}, timeout <-chan time.Time) bool {
+	for _, ch := range idle {
+		select {
+		case <-ch:
+		case <-timeout:
+			return false
+		}
+	}
+	return true
 }
 
 // stats is Stats.

@@ -235,8 +235,8 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 		// The read runs on a goroutine of its own, which its callers
 		// wait for only through the read's call: the load runs on it
 		// too, one goroutine hand-off fewer each way, and at the load
-		// timeout releases the read's callers with its own.
-		c.life.spawn() // runLoad's, as for a goroutine of its own
+		// timeout releases the read's callers with its own. (The group
+		// counts that goroutine for Close.)
 		c.runLoad(ctx, oneLoader{f.ld}, jobs, func(err error) {
 			r, err := c.fallBack(ctx, f.key, j, result{}, err)
 			c.reads.Finish(f.key, f.cl, r, err)
@@ -245,8 +245,7 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 		// On a goroutine of its own even when this caller cannot leave:
 		// the callers must be released at the load timeout whether or
 		// not the loader heeds its context.
-		c.life.spawn()
-		go c.runLoad(ctx, oneLoader{f.ld}, jobs, nil)
+		c.goLoad(ctx, oneLoader{f.ld}, jobs)
 	}
 	return c.awaitLoad(ctx, f.key, f.p, j, cl, joined)
 }
@@ -285,11 +284,21 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 		return
 	}
 	inc(&p.stats.Refreshes)
-	c.life.spawn()
-	go c.runLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}}, nil)
+	c.goLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
 }
 
-// runLoad loads jobs with one call of fn, on a goroutine of its own, and
+// goLoad runs runLoad on a goroutine of its own, which the cache's life
+// counts, so that Close waits for it.
+func (c *cache) goLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
+	c.life.spawn()
+	go func() {
+		defer c.life.exit()
+		c.runLoad(ctx, fn, jobs, nil)
+	}()
+}
+
+// runLoad loads jobs with one call of fn, on a goroutine of its own
+// (goLoad's, or a shared read's, which its group counts), and
 // finishes each job's call: with the job's result, or, for callers still
 // waiting when the load's context ends, with its error. It is the one
 // load: of one key for a Get, of many for GetOrLoadMany.
@@ -298,7 +307,6 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 // before its loader returned: the load runs on a read's goroutine, whose
 // callers it must release too.
 func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, released func(error)) {
-	defer c.life.exit()
 	keys := make([]string, len(jobs))
 	for i := range jobs {
 		keys[i] = jobs[i].key

@@ -28,8 +28,8 @@ var ErrGoexit = errors.New("packcache: loader called runtime.Goexit")
 //   - every caller, the first included, waits under its own context and
 //     can leave when it ends, while the read goes on for the others;
 //   - the read runs detached from the first caller's cancellation, on a
-//     goroutine of its own (or on the first caller's, when its context
-//     cannot end, or when the cache is closing);
+//     goroutine of its own, which Close waits for (or on the first
+//     caller's, when its context cannot end, or once Close has begun);
 //   - which callers may share a read is the share window's rule (below):
 //     within the window of the moment the read began, never
 //     past the value's expiry;
@@ -43,19 +43,64 @@ type Group[V Shareable, A Work[V]] struct {
 	m  map[string]*Call[V] // the latest call of each key
 	share[V]
 
-	// life, if set, is asked before a read starts on a goroutine of its
-	// own (false: the cache is closing, and the read runs on the
-	// caller's), and told when such a goroutine ends.
-	life Spawner
 	// panicked makes the error of a read that panicked.
 	panicked Panicked
+
+	// running counts the reads under way on goroutines of their own,
+	// plus closed once Close has begun: from then on reads run on their
+	// callers' goroutines. idle, made by Close, is closed once Close has
+	// begun and no read runs on a goroutine of its own.
+	running  atomic.Int64
+	closing  sync.Once
+	idle     chan struct{}
+	idleOnce sync.Once
 }
 
-// Init sets g's share window, the life its goroutines register with (nil:
-// none), and the error of work that panics. It is called before g is
-// used.
-func (g *Group[V, A]) Init(window time.Duration, life Spawner, panicked Panicked) {
-	g.window, g.life, g.panicked = int64(window), life, panicked
+// closed is added to a group's running count once Close has begun.
+const closed = 1 << 62
+
+// Init sets g's share window and the error of work that panics. It is
+// called before g is used.
+func (g *Group[V, A]) Init(window time.Duration, panicked Panicked) {
+	g.window, g.panicked = int64(window), panicked
+}
+
+// Close makes the reads that start from now on run on their callers'
+// goroutines, and returns a channel closed once no read of g runs on a
+// goroutine of its own: the cache's Close waits for it. It may be called
+// more than once, and concurrently.
+func (g *Group[V, A]) Close() <-chan struct{} {
+	g.closing.Do(func() {
+		g.idle = make(chan struct{})
+		if g.running.Or(closed) == 0 {
+			g.idleOnce.Do(func() { close(g.idle) })
+		}
+	})
+	return g.idle
+}
+
+// Running is the number of reads of g under way on goroutines of their
+// own.
+func (g *Group[V, A]) Running() int64 { return g.running.Load() &^ closed }
+
+// spawn registers a read about to start on a goroutine of its own, unless
+// Close has begun. Registering before checking, as Close sets its bit
+// before it looks at the count, means that Close never misses a read
+// that started.
+func (g *Group[V, A]) spawn() bool {
+	if g.running.Add(1)&closed != 0 {
+		g.exit()
+		return false
+	}
+	return true
+}
+
+// exit ends a read's goroutine: the last one after Close began closes
+// idle.
+func (g *Group[V, A]) exit() {
+	if g.running.Add(-1) == closed {
+		g.idleOnce.Do(func() { close(g.idle) })
+	}
 }
 
 // A Work is what a group shares: a read of one key.
@@ -67,13 +112,6 @@ type Work[V any] interface {
 	// under way. An error it returns is the caller's result: it catches a
 	// loader waiting for its own load.
 	Joining(ctx context.Context, key string, running bool) error
-}
-
-// A Spawner registers goroutines with the cache's life, so that Close
-// waits for them.
-type Spawner interface {
-	TrySpawn() bool
-	Exit()
 }
 
 // A Call is one unit of shared work. finished, done and the fields of
@@ -170,7 +208,7 @@ func (g *Group[V, A]) Do(ctx context.Context, key string, a A) (v V, err error, 
 			var zero V
 			return zero, err, true
 		}
-	case done == nil || (g.life != nil && !g.life.TrySpawn()):
+	case done == nil || !g.spawn():
 		g.lead(ctx, key, c, a)
 		return c.val, c.err, false
 	default:
@@ -202,9 +240,7 @@ func (g *Group[V, A]) lead(ctx context.Context, key string, c *Call[V], a A) {
 func runWork[V any, A Work[V]](ctx context.Context, a A, c *Call[V]) (V, error) { return a.Run(ctx, c) }
 
 func (g *Group[V, A]) run(ctx context.Context, key string, c *Call[V], a A) {
-	if g.life != nil {
-		defer g.life.Exit()
-	}
+	defer g.exit()
 	g.lead(ctx, key, c, a)
 }
 

@@ -46,7 +46,7 @@ func (ival) ShareUntil(err error) int64 {
 
 func newGroup(window time.Duration) *testGroup {
 	g := &testGroup{}
-	g.Init(window, nil, panicked)
+	g.Init(window, panicked)
 	return g
 }
 
@@ -384,4 +384,61 @@ func TestForgetVsFinishHotSlot(t *testing.T) {
 	if hc, ok := g.LookHot("k", time.Now().UnixNano()); ok {
 		t.Fatalf("after forget returned, lookHot still serves the call read before the write (val %d, detached %v)", hc.val, hc.detached.Load())
 	}
+}
+
+// TestGroupCloseWaitsForReads: Close's channel closes only once the reads
+// running on goroutines of their own have ended; a read that starts after
+// Close runs on its caller's goroutine, uncounted; Close may be called
+// again.
+func TestGroupCloseWaitsForReads(t *testing.T) {
+	g := newGroup(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		do(g, ctx, "a", func(context.Context) (int, error) {
+			close(started)
+			<-release
+			return 1, nil
+		})
+	}()
+	<-started
+	if n := g.Running(); n != 1 {
+		t.Fatalf("Running = %d with one read on a goroutine of its own, want 1", n)
+	}
+	idle := g.Close()
+	select {
+	case <-idle:
+		t.Fatal("Close's channel closed while a read runs")
+	default:
+	}
+	var during int64 = -1
+	v, err, _ := do(g, ctx, "b", func(context.Context) (int, error) {
+		during = g.Running()
+		return 2, nil
+	})
+	if v != 2 || err != nil || during != 1 {
+		t.Fatalf("a read after Close: %v, %v, with Running %d during it; want 2, nil, 1 (on the caller's goroutine)", v, err, during)
+	}
+	if again := g.Close(); again != idle {
+		t.Fatal("a second Close returned another channel")
+	}
+	close(release)
+	<-idle
+	<-done
+	if n := g.Running(); n != 0 {
+		t.Fatalf("Running = %d after the read ended, want 0", n)
+	}
+}
+
+// TestGroupCloseIdle: Close of a group with no read running is idle at
+// once.
+func TestGroupCloseIdle(t *testing.T) {
+	g := newGroup(time.Millisecond)
+	if v, err, _ := do(g, context.Background(), "a", func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
+		t.Fatalf("Do = %v, %v", v, err)
+	}
+	<-g.Close()
 }
