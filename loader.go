@@ -522,7 +522,12 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
 		}
 	}
-	writes = l.envelop(sctx, writes, seq, seqErr)
+	// A write goes in an envelope only where the loader placed it in
+	// groups or gave it a TTL of its own (StoreWith); with none such,
+	// envelop would return writes as they are.
+	if slices.ContainsFunc(writes, func(w pendingWrite) bool { return len(w.so.groups) > 0 || w.so.ttlSet }) {
+		writes = l.envelop(sctx, writes, seq, seqErr)
+	}
 	for i, err := range c.storeGuarded(sctx, writes) {
 		w := writes[i]
 		switch {
