@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -133,7 +134,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 		token := c.loadToken(from[k])
 		calls[i], joined[i] = c.loads.Claim(k, token, true, c.coalesce)
 		if joined[i] {
-			inc(&p.stats.CoalescedWaits)
+			atomic.AddUint64(&p.stats.CoalescedWaits, 1)
 		} else {
 			jobs = append(jobs, loadJob{key: k, p: p, from: from[k], token: token, cl: calls[i]})
 		}
@@ -258,7 +259,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 			errs = append(errs, err)
 			continue
 		}
-		inc(&c.policy(keys[i]).stats.Sets)
+		atomic.AddUint64(&c.policy(keys[i]).stats.Sets, 1)
 	}
 	return errors.Join(errs...)
 }

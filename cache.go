@@ -452,6 +452,7 @@ const tombstone = codec.HeaderTombstone
 type cache struct {
 	rdb          redis.UniversalClient
 	ser          Serializer
+	text         bool // ser.Text(), read once: values it writes are text
 	kind         kind
 	maxSize      int
 	loadTimeout  time.Duration
@@ -550,6 +551,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 	c := &cache{
 		rdb:          rdb,
 		ser:          cfg.serializer,
+		text:         cfg.serializer.Text(),
 		kind:         k,
 		maxSize:      cfg.maxValueSize,
 		loadTimeout:  cfg.loadTimeout,

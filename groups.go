@@ -367,7 +367,7 @@ func (c *cache) judgeGrouped(key string, p *policy, rp reply, readThrough bool) 
 		if g != nil {
 			err = g.err
 		}
-		inc(&p.stats.DecodeErrors)
+		atomic.AddUint64(&p.stats.DecodeErrors, 1)
 		j = judgement{v: vUndecodable, err: keyErr("get", key, err), left: rp.left}
 	case g.check == groupsFailed:
 		return judgement{v: vUnavailable, err: g.cerr}
@@ -681,7 +681,7 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 				continue
 			}
 			if slices.ContainsFunc(w.so.groups, func(g string) bool { return recs[g] > seq }) {
-				inc(&j.p.stats.Superseded)
+				atomic.AddUint64(&j.p.stats.Superseded, 1)
 				j.kept = true
 				w.enc.release()
 				continue

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -230,7 +231,7 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 	jobs := []loadJob{{key: f.key, p: f.p, from: j, token: token, cl: cl}}
 	switch {
 	case joined:
-		inc(&f.p.stats.CoalescedWaits)
+		atomic.AddUint64(&f.p.stats.CoalescedWaits, 1)
 	case f.cl != nil && f.cl.Own():
 		// The read runs on a goroutine of its own, which its callers
 		// wait for only through the read's call: the load runs on it
@@ -283,7 +284,7 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 	if cl == nil {
 		return
 	}
-	inc(&p.stats.Refreshes)
+	atomic.AddUint64(&p.stats.Refreshes, 1)
 	c.goLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
 }
 
@@ -432,7 +433,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		// about to get, the timeout, whatever fn returned.
 		for _, i := range loading {
 			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
-			inc(&l.jobs[i].p.stats.LoadErrors)
+			atomic.AddUint64(&l.jobs[i].p.stats.LoadErrors, 1)
 		}
 		c.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
 		return
@@ -460,7 +461,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			// another process is caught by the script, unless it wrote
 			// the very bytes the load began from and left the TTL no
 			// higher.)
-			inc(&p.stats.Superseded)
+			atomic.AddUint64(&p.stats.Superseded, 1)
 			j.g, j.kept = guard{}, true
 		}
 		v, ok := vals[j.key]
@@ -468,7 +469,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			l.fail(ctx, i, ErrNilValue)
 			continue
 		}
-		inc(&p.stats.Loads)
+		atomic.AddUint64(&p.stats.Loads, 1)
 		j.loaded = true
 		so := opts[j.key] // what the loader chose with StoreWith
 		if !ok {
@@ -543,7 +544,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	// (counted here) not stored for any other reason.
 	for _, i := range loading {
 		if j := &l.jobs[i]; j.loaded && !j.stored && !j.kept {
-			inc(&j.p.stats.Unstored)
+			atomic.AddUint64(&j.p.stats.Unstored, 1)
 		}
 	}
 }
@@ -564,7 +565,7 @@ func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
 // from a value past its TTL, that value (StaleFor).
 func (l *loadRun) fail(ctx context.Context, i int, err error) {
 	j := &l.jobs[i]
-	inc(&j.p.stats.LoadErrors)
+	atomic.AddUint64(&j.p.stats.LoadErrors, 1)
 	if !isKeyError(err, j.key) {
 		err = keyErr("load", j.key, err)
 	}
@@ -796,7 +797,7 @@ func (l *loadRun) settle(ctx context.Context) {
 func (l *loadRun) awaitLeases(ctx context.Context, waiting []int) []int {
 	c := l.c
 	for _, i := range waiting {
-		inc(&l.jobs[i].p.stats.LockWaits)
+		atomic.AddUint64(&l.jobs[i].p.stats.LockWaits, 1)
 	}
 	deadline := time.Now().Add(c.lockWait)
 	backoff := 2 * time.Millisecond
@@ -961,7 +962,7 @@ func (c *cache) unstored(ctx context.Context, key string, p *policy, err error) 
 	case errors.Is(err, ErrSerialization):
 		return true
 	case errors.Is(err, ErrTooLarge):
-		inc(&p.stats.TooLarge)
+		atomic.AddUint64(&p.stats.TooLarge, 1)
 	case c.strict:
 		return true
 	}

@@ -2,6 +2,7 @@ package packcache
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/packcache/packcache/codec"
@@ -134,7 +135,7 @@ func WithObserver(o Observer) Option {
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
 func (c *cache) redisFailed(p *policy, b *breaker.Node, err error) {
-	inc(&p.stats.RedisErrors)
+	atomic.AddUint64(&p.stats.RedisErrors, 1)
 	c.peers.stale()
 	if c.obs != nil {
 		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})

@@ -6,6 +6,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -173,7 +174,7 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 			return err, true
 		}
 	}
-	inc(&p.stats.CoalescedWaits)
+	atomic.AddUint64(&p.stats.CoalescedWaits, 1)
 	*r, err = singleflight.Wait(ctx, cl)
 	return err, true
 }
@@ -217,7 +218,7 @@ func (f flight) Run(ctx context.Context, cl *singleflight.Call[result]) (result,
 // Joining counts a caller sharing the read and catches a loader that
 // would wait for its own key's read.
 func (f flight) Joining(ctx context.Context, key string, running bool) error {
-	inc(&f.p.stats.CoalescedWaits)
+	atomic.AddUint64(&f.p.stats.CoalescedWaits, 1)
 	if !running {
 		return nil
 	}
@@ -364,7 +365,7 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 		j.r.expires = j.expires.UnixNano()
 	}
 	if derr != nil {
-		inc(&p.stats.DecodeErrors)
+		atomic.AddUint64(&p.stats.DecodeErrors, 1)
 		j.v, j.err = vUndecodable, derr
 		if lacksDictionary(derr) {
 			// The bytes may be sound: kept, as when Redis fails (a load
@@ -524,17 +525,17 @@ func (c *cache) count(p *policy, r *result, err error, shared bool) error {
 	// Gets is not counted here: it is the sum of the outcomes (snapshot).
 	switch {
 	case o == ReadStale:
-		inc(&p.stats.StaleServes)
+		atomic.AddUint64(&p.stats.StaleServes, 1)
 	case o == ReadMiss:
-		inc(&p.stats.Misses)
+		atomic.AddUint64(&p.stats.Misses, 1)
 	case o == ReadNotFound:
-		inc(&p.stats.NotFoundHits)
+		atomic.AddUint64(&p.stats.NotFoundHits, 1)
 	case o == ReadError:
-		inc(&p.stats.GetErrors)
+		atomic.AddUint64(&p.stats.GetErrors, 1)
 	case near:
-		inc(&p.stats.NearHits)
+		atomic.AddUint64(&p.stats.NearHits, 1)
 	default:
-		inc(&p.stats.Hits)
+		atomic.AddUint64(&p.stats.Hits, 1)
 	}
 	if c.obs != nil {
 		c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})

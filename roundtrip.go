@@ -394,11 +394,11 @@ func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error
 		}
 		p := c.policy(w.key)
 		if n, _ := cmds[i].Int(); n == 0 {
-			inc(&p.stats.Superseded)
+			atomic.AddUint64(&p.stats.Superseded, 1)
 			errs[i] = errSuperseded
 			continue
 		}
-		inc(&p.stats.Stores)
+		atomic.AddUint64(&p.stats.Stores, 1)
 		c.changed(stored, w.key)
 	}
 	return errs

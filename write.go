@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/packcache/packcache/codec"
@@ -184,7 +185,7 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 		return e, keyErr(op, key, &kindError{ErrTooLarge, fmt.Errorf("too large to store: %d bytes serialized, over the limit of %d (WithMaxValueSize)", len(payload), c.maxSize)})
 	}
 	e.payload = payload
-	verbatim := (c.kind.raw || c.ser.Text()) && codec.Plain(payload)
+	verbatim := (c.kind.raw || c.text) && codec.Plain(payload)
 	plainLen := len(payload)
 	if !verbatim {
 		plainLen++
@@ -261,7 +262,7 @@ func (c *cache) set(ctx context.Context, key string, p *policy, stored []byte, t
 		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
 	})
 	if err == nil {
-		inc(&p.stats.Sets)
+		atomic.AddUint64(&p.stats.Sets, 1)
 	}
 	return err
 }
