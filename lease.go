@@ -294,7 +294,7 @@ return 0`)
 // failure (see roundTripMany).
 func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
 	cmds := make([]*redis.Cmd, len(keys))
-	errs = c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs = c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), olds[i])
 		return cmds[i]
 	})

@@ -479,7 +479,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 				nttl = so.ttl
 			}
 			if j.g.kind != guardNone && nttl != 0 && !noStore {
-				writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: []byte{tombstone}, ttl: nttl, so: so})
+				writes = append(writes, pendingWrite{job: i, key: j.key, p: p, g: j.g, stored: []byte{tombstone}, ttl: nttl, so: so})
 			}
 			continue
 		}
@@ -520,7 +520,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			if so.ttlSet {
 				ttl = so.ttl
 			}
-			writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
+			writes = append(writes, pendingWrite{job: i, key: j.key, p: p, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
 		}
 	}
 	// A write goes in an envelope only where the loader placed it in
@@ -652,7 +652,7 @@ func (k *keeper) extend() {
 	keys, leases := k.keys, k.leases
 	cmds := make([]*redis.Cmd, len(keys))
 	ms := c.leaseTTL().Milliseconds()
-	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
 		return cmds[i]
 	})
@@ -693,7 +693,7 @@ func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
 	if len(keys) == 0 {
 		return
 	}
-	errs := c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
 	})
 	for i, err := range errs {

@@ -104,7 +104,10 @@ func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeat
 // key is sent to the client as it is, through roundTrip, since a pipeline
 // of one command costs allocations and saves no round trip. (A load of one
 // key is a batch of one: its lease and its store are such commands.)
-func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
+//
+// ps, when not nil, holds the keys' policies, which the caller has
+// resolved already (ps[i] is key i's); nil: they are looked up.
+func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, ps []*policy, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
 	errs := make([]error, len(keys))
 	switch {
 	case len(keys) == 0:
@@ -114,7 +117,7 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, sin
 		// own bytes found in place, a dictionary's publication) or a
 		// "delete" changes nothing when made twice: made again if late.
 		repeatable := op == opSet || op == opDelete
-		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), repeatable, func(ctx context.Context) error {
+		errs[0] = c.roundTrip(ctx, op, keys[0], c.policyOf(keys, ps, 0), repeatable, func(ctx context.Context) error {
 			cmd := queue(ctx, c.rdb, 0, true)
 			if isNoScript(cmd.Err()) {
 				cmd = queue(ctx, c.rdb, 0, false)
@@ -155,12 +158,20 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, sin
 		o, err := judgeCall(ctx, bud, nb.Of(i), op, keys[i], cmd.Err())
 		nb.Saw(i, o)
 		if o == breaker.Failed || o == breaker.RefusedConn {
-			c.redisFailed(c.policy(keys[i]), nb.Of(i), err)
+			c.redisFailed(c.policyOf(keys, ps, i), nb.Of(i), err)
 		}
 		errs[i] = err
 	}
 	nb.Feed()
 	return errs
+}
+
+// policyOf is key i's policy: ps[i], or looked up when ps is nil.
+func (c *cache) policyOf(keys []string, ps []*policy, i int) *policy {
+	if ps != nil {
+		return ps[i]
+	}
+	return c.policy(keys[i])
 }
 
 // isNoScript reports a node's answer that it has not seen a script yet.
@@ -363,6 +374,7 @@ func (p *policy) needsPTTL() bool {
 type pendingWrite struct {
 	job    int // the load's job it stores for
 	key    string
+	p      *policy // key's
 	g      guard
 	stored []byte
 	ttl    time.Duration
@@ -379,11 +391,12 @@ var errSuperseded = errors.New("packcache: superseded by a later write")
 // held, or a Redis failure.
 func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
 	keys := make([]string, len(writes))
+	ps := make([]*policy, len(writes))
 	for i, w := range writes {
-		keys[i] = w.key
+		keys[i], ps[i] = w.key, w.p
 	}
 	cmds := make([]*redis.Cmd, len(writes))
-	errs := c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "set", keys, ps, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		w := writes[i]
 		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
 		return cmds[i]
@@ -392,7 +405,7 @@ func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error
 		if errs[i] != nil {
 			continue
 		}
-		p := c.policy(w.key)
+		p := w.p
 		if n, _ := cmds[i].Int(); n == 0 {
 			atomic.AddUint64(&p.stats.Superseded, 1)
 			errs[i] = errSuperseded
