@@ -124,6 +124,24 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 	return valueOf[T](v), err
 }
 
+// getOne is Get, and with fn GetOrLoad, in the core: the caller's value,
+// as a *T, or an error. It is their prologue (the cache's life, the key's
+// policy), beside them so that a read begins in one file; the read itself
+// is get (read.go).
+func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error) {
+	if err := c.life.begin(opGet, key); err != nil {
+		return nil, err
+	}
+	defer c.life.exit()
+	p := c.policy(key)
+	if fn == nil {
+		fn = p.loader
+	}
+	var r result
+	err := c.get(ctx, key, p, fn, &r)
+	return c.value(key, &r, err)
+}
+
 // GetMany returns the values stored under keys, in one round trip per
 // Redis node. Each key is judged as Get without a loader judges it: keys
 // that hold no value, a value past its TTL kept only for StaleFor, a lease

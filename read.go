@@ -17,28 +17,13 @@ import (
 	"github.com/packcache/packcache/internal/singleflight"
 )
 
-// A read, in call order: get answers from the near cache or a read of the
-// key still shared (fast); else it joins or starts the shared read (a
-// singleflight.Group), whose work is flight.Run: fetch the key
-// (roundtrip.go), judge what Redis holds, and act on the judgement by rule: serve it, fail, or
-// load (loader.go). count counts the caller's outcome and value hands it
-// its value.
-
-// getOne is Get, and with fn GetOrLoad: the caller's value, as a *T, or
-// an error.
-func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error) {
-	if err := c.life.begin(opGet, key); err != nil {
-		return nil, err
-	}
-	defer c.life.exit()
-	p := c.policy(key)
-	if fn == nil {
-		fn = p.loader
-	}
-	var r result
-	err := c.get(ctx, key, p, fn, &r)
-	return c.value(key, &r, err)
-}
+// A read, in call order, once its prologue has run (getOne, cache.go):
+// get answers from the near cache or a read of the key still shared
+// (fast); else it joins or starts the shared read (a singleflight.Group),
+// whose work is flight.Run: fetch the key (roundtrip.go), judge what
+// Redis holds, and act on the judgement by rule: serve it, fail, or load
+// (loader.go). count counts the caller's outcome and value hands it its
+// value.
 
 // get is Get, GetOrLoad and Serve, with ld the loader (nil: none): the
 // caller's result, counted, into r, for the caller to hand out in its own
