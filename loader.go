@@ -418,7 +418,9 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	// past fn, in a serializer or a codec, is caught by runLoad).
 	vals, err := singleflight.Protect(ctx, fn, keys, callLoadFunc, panicError)
 	opts := loadingOf(ctx).storeOptions()
-	if seqErr == errNoGroupSeq && l.grouped(opts, err) {
+	// (opts is nil unless the loader called StoreWith: then it put
+	// nothing in groups.)
+	if opts != nil && seqErr == errNoGroupSeq && l.grouped(opts, err) {
 		vals, opts, seq, seqErr, err = l.again(ctx, fn, keys, vals, opts, err)
 	}
 	for n := 0; n < maxRaced && seqErr == nil && l.raced(sctx, keys, seq, opts, err); n++ {
