@@ -211,6 +211,17 @@ type loadJob struct {
 	err    error
 }
 
+// finishErr is j's error as its callers get it. A job begins with the
+// bare ErrGoexit, what it keeps if the loader calls runtime.Goexit (or if
+// nothing decides it), and that error is made one naming the key only
+// here, as the job finishes: a load that ends as most do makes none.
+func (j *loadJob) finishErr() error {
+	if j.err == singleflight.ErrGoexit {
+		j.err = keyErr("load", j.key, j.err)
+	}
+	return j.err
+}
+
 // load answers a read-through Get whose read found j: it joins this
 // process's load of the key begun from the same state, or starts one on a
 // goroutine of its own, and waits for it under ctx.
@@ -311,7 +322,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	keys := make([]string, len(jobs))
 	for i := range jobs {
 		keys[i] = jobs[i].key
-		jobs[i].err = keyErr("load", keys[i], singleflight.ErrGoexit) // what runtime.Goexit in fn leaves
+		jobs[i].err = singleflight.ErrGoexit // what runtime.Goexit in fn leaves (see finishErr)
 	}
 	lctx, cancel := c.loadContext(ctx, keys, false)
 	defer cancel()
@@ -334,10 +345,10 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	defer func() {
 		ended := false
 		for i := range jobs {
-			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err) || ended
+			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].finishErr()) || ended
 		}
 		if ended && released != nil {
-			released(jobs[0].err)
+			released(jobs[0].finishErr())
 		}
 	}()
 	_, err := singleflight.Protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
@@ -352,8 +363,8 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 		case err != nil: // a panic in fn, the serializer or a codec
 			j.res, j.err = result{}, keyErr("load", j.key, err)
 		}
-		if j.refresh && j.err != nil && !errors.Is(j.err, ErrNotFound) {
-			c.report(lctx, j.key, j.err)
+		if jerr := j.finishErr(); j.refresh && jerr != nil && !errors.Is(jerr, ErrNotFound) {
+			c.report(lctx, j.key, jerr)
 		}
 		if j.refresh && j.stored {
 			// Before finish, so that no refresh from the value it replaced
