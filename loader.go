@@ -460,11 +460,6 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		return
 	}
 	var writes []pendingWrite
-	defer func() {
-		for i := range writes {
-			writes[i].enc.release()
-		}
-	}()
 	for _, i := range loading {
 		j := &l.jobs[i]
 		p := j.p
@@ -552,6 +547,12 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		case c.unstored(ctx, w.key, l.jobs[w.job].p, err):
 			l.jobs[w.job].res, l.jobs[w.job].err = result{}, err
 		}
+	}
+	// The stores are made: their buffers go back to the pool. (A panic
+	// in a serializer or a codec on the way here leaves them to the
+	// garbage collector, which a pool allows.)
+	for i := range writes {
+		writes[i].enc.release()
 	}
 	// Every loaded key ends one way: stored, superseded, too large, or
 	// (counted here) not stored for any other reason.
