@@ -55,7 +55,7 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 	if err := c.life.begin(opGet, first(keys)); err != nil {
 		return nil, err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	if err := ctx.Err(); err != nil {
 		return map[string]any{}, err
 	}
@@ -197,7 +197,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 	if err := c.life.begin(opSet, first(slices.Sorted(maps.Keys(items)))); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	if len(items) == 0 {
 		return nil
 	}

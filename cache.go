@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 	"github.com/packcache/packcache/internal/dictset"
+	"github.com/packcache/packcache/internal/life"
 	"github.com/packcache/packcache/internal/owed"
 	"github.com/packcache/packcache/internal/singleflight"
 	"github.com/packcache/packcache/internal/tracking"
@@ -132,7 +132,7 @@ func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error)
 	if err := c.life.begin(opGet, key); err != nil {
 		return nil, err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	p := c.policy(key)
 	if fn == nil {
 		fn = p.loader
@@ -490,7 +490,7 @@ type cache struct {
 	// Coalescing, where concurrent callers share work, is
 	// internal/singleflight: the reads of Get, GetOrLoad and Serve are
 	// shared by a Group, their work being flight.Run (read.go), and run
-	// on goroutines the Group counts for Close; the loads are shared by a
+	// on goroutines it registers with the cache's life; the loads are shared by a
 	// Registry, among the reads that found the same state of a key
 	// (loader.go). (The dictionary set's fetches are a Group too:
 	// internal/dictset.)
@@ -501,7 +501,7 @@ type cache struct {
 
 	groups groupState // groups in use (groups.go)
 
-	life  life
+	life  lifetime    // calls and goroutines under way, shared reads' included (internal/life)
 	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
 	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
 
@@ -584,7 +584,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 	}
 	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
-		g.Init(cfg.shareWindow, panicError)
+		g.Init(cfg.shareWindow, &c.life.Life, panicError)
 	}
 	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
@@ -674,103 +674,51 @@ func resolve(c *cache, prefix string, p Policy) (*policy, error) {
 	return rp, nil
 }
 
-// life counts the calls and the background work in progress, so that
-// Close can refuse new calls and wait for those under way.
-type life struct {
-	// state is closedBit once Close has begun, plus the number of calls
-	// and goroutines of the cache's in progress.
-	state  atomic.Int64
-	idle   chan struct{} // closed when, after Close, nothing is in progress
-	once   sync.Once
+// lifetime is the cache's life (internal/life: the calls and goroutines
+// under way, which Close waits for) and what ends background work that
+// outlives Close's wait.
+type lifetime struct {
+	life.Life
 	ctx    context.Context // ends background work that outlives Close's wait
 	cancel context.CancelFunc
 }
 
-const closedBit = 1 << 62
-
-func (l *life) init() {
-	l.idle = make(chan struct{})
+func (l *lifetime) init() {
+	l.Init()
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 }
 
-// enter registers a call, unless the cache is closed.
-func (l *life) enter() bool {
-	if l.state.Add(1)&closedBit != 0 {
-		l.exit()
-		return false
-	}
-	return true
-}
-
 // begin registers a call of op on key (a batch call's first key) with the
-// cache's life, as enter does, or returns the error every call made once
-// the cache is closed returns: an *Error naming op and key, matching
-// ErrClosed.
-func (l *life) begin(op, key string) error {
-	if !l.enter() {
+// cache's life, or returns the error every call made once the cache is
+// closed returns: an *Error naming op and key, matching ErrClosed.
+func (l *lifetime) begin(op, key string) error {
+	if !l.Enter() {
 		return keyErr(op, key, ErrClosed)
 	}
 	return nil
 }
 
-// exit ends a call or a piece of background work.
-func (l *life) exit() {
-	if l.state.Add(-1) == closedBit {
-		l.once.Do(func() { close(l.idle) })
-	}
-}
-
-// spawn registers background work started by a call in progress, whose
-// own registration keeps Close waiting: so it may start even after Close
-// has begun.
-func (l *life) spawn() { l.state.Add(1) }
-
-// trySpawn is spawn for work that a caller could as well do itself: it
-// refuses once Close has begun.
-func (l *life) trySpawn() bool {
-	if l.state.Load()&closedBit != 0 {
-		return false
-	}
-	l.spawn()
-	return true
-}
-
 // close is Close.
 func (c *cache) close() error {
-	if old := c.life.state.Or(closedBit); old&^closedBit == 0 {
-		c.life.once.Do(func() { close(c.life.idle) })
-	}
+	idle := c.life.Close()
 	defer c.closeNear()
 	defer c.nodes.Close()
-	// The calls and loads, and the shared reads, which the groups count
-	// (a read's goroutine runs its miss's load too).
-	idle := []<-chan struct{}{c.life.idle, c.lookups.Close(), c.reads.Close()}
 	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
 	defer t.Stop()
-	if waitAll(idle, t.C) {
+	select {
+	case <-idle:
 		return closeOwed(&c.owed, &c.peers)
+	case <-t.C:
 	}
 	c.life.cancel()
 	t.Reset(c.redisTimeout)
-	if waitAll(idle, t.C) {
+	select {
+	case <-idle:
 		return closeOwed(&c.owed, &c.peers)
+	case <-t.C:
+		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
+			c.life.Running(), c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
 	}
-	running := c.life.state.Load()&^closedBit + c.lookups.Running() + c.reads.Running()
-	return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-		running, c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
-}
-
-// waitAll waits for every channel of idle to close, and reports whether
-// they all did before timeout fired.
-func waitAll(idle []<-chan struct{}, timeout <-chan time.Time) bool {
-	for _, ch := range idle {
-		select {
-		case <-ch:
-		case <-timeout:
-			return false
-		}
-	}
-	return true
 }
 
 // stats is Stats.

@@ -140,7 +140,7 @@ func (c *cache) invalidateGroups(ctx context.Context, groups []string) error {
 	if err := c.life.begin(opGroups, groupKey(groups[0])); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	c.groups.used.Store(true)
 	keys := make([]string, len(groups))
 	for i, g := range groups {

@@ -167,11 +167,11 @@ func (c *cache) forgetLease(key, lease string) {
 // release tells it is gone (the read may yet land after the release).
 func (c *cache) dropLease(ctx context.Context, key, lease string) {
 	c.rememberLease(key, lease)
-	if !c.life.trySpawn() {
+	if !c.life.TrySpawn() {
 		return
 	}
 	go func() {
-		defer c.life.exit()
+		defer c.life.Exit()
 		var cmd *redis.Cmd
 		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), false, func(ctx context.Context) error {
 			cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)

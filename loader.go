@@ -248,7 +248,7 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 		// wait for only through the read's call: the load runs on it
 		// too, one goroutine hand-off fewer each way, and at the load
 		// timeout releases the read's callers with its own. (The group
-		// counts that goroutine for Close.)
+		// registered that goroutine with the cache's life.)
 		c.runLoad(ctx, oneLoader{f.ld}, jobs, func(err error) {
 			r, err := c.fallBack(ctx, f.key, j, result{}, err)
 			c.reads.Finish(f.key, f.cl, r, err)
@@ -302,18 +302,18 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 // goLoad runs runLoad on a goroutine of its own, which the cache's life
 // counts, so that Close waits for it.
 func (c *cache) goLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
-	c.life.spawn()
+	c.life.Spawn()
 	go func() {
-		defer c.life.exit()
+		defer c.life.Exit()
 		c.runLoad(ctx, fn, jobs, nil)
 	}()
 }
 
 // runLoad loads jobs with one call of fn, on a goroutine of its own
-// (goLoad's, or a shared read's, which its group counts), and
-// finishes each job's call: with the job's result, or, for callers still
-// waiting when the load's context ends, with its error. It is the one
-// load: of one key for a Get, of many for GetOrLoadMany.
+// (goLoad's, or a shared read's; both are registered with the cache's
+// life), and finishes each job's call: with the job's result, or, for
+// callers still waiting when the load's context ends, with its error. It
+// is the one load: of one key for a Get, of many for GetOrLoadMany.
 //
 // released, if not nil, is told the error of a load whose context ended
 // before its loader returned: the load runs on a read's goroutine, whose
@@ -659,10 +659,10 @@ func (k *keeper) extend() {
 	stopped := k.stopped
 	k.mu.Unlock()
 	c := k.c
-	if stopped || k.ctx.Err() != nil || !c.life.trySpawn() {
+	if stopped || k.ctx.Err() != nil || !c.life.TrySpawn() {
 		return
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	keys, leases := k.keys, k.leases
 	cmds := make([]*redis.Cmd, len(keys))
 	ms := c.leaseTTL().Milliseconds()

@@ -38,7 +38,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	if err := c.life.begin(opSet, key); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	p := c.policy(key)
 	so := setOptions{ttl: p.ttl}
 	for _, o := range opts {
@@ -74,7 +74,7 @@ func (c *cache) remove(ctx context.Context, keys ...string) error {
 	if err := c.life.begin(opDelete, keys[0]); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	defer c.changed(written, keys...)
 	if len(keys) == 1 {
 		return c.del(ctx, keys[0])

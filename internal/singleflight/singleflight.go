@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/packcache/packcache/internal/life"
 )
 
 // ErrGoexit is what callers get when a shared function calls
@@ -28,8 +30,9 @@ var ErrGoexit = errors.New("packcache: loader called runtime.Goexit")
 //   - every caller, the first included, waits under its own context and
 //     can leave when it ends, while the read goes on for the others;
 //   - the read runs detached from the first caller's cancellation, on a
-//     goroutine of its own, which Close waits for (or on the first
-//     caller's, when its context cannot end, or once Close has begun);
+//     goroutine of its own, registered with the cache's life (or on the
+//     first caller's, when its context cannot end, or once Close has
+//     begun);
 //   - which callers may share a read is the share window's rule (below):
 //     within the window of the moment the read began, never
 //     past the value's expiry;
@@ -46,61 +49,18 @@ type Group[V Shareable, A Work[V]] struct {
 	// panicked makes the error of a read that panicked.
 	panicked Panicked
 
-	// running counts the reads under way on goroutines of their own,
-	// plus closed once Close has begun: from then on reads run on their
-	// callers' goroutines. idle, made by Close, is closed once Close has
-	// begun and no read runs on a goroutine of its own.
-	running  atomic.Int64
-	closing  sync.Once
-	idle     chan struct{}
-	idleOnce sync.Once
+	// life, if set, registers the reads that run on goroutines of their
+	// own, so that the cache's Close waits for them; once Close has
+	// begun, it refuses them, and reads run on their callers'
+	// goroutines.
+	life *life.Life
 }
 
-// closed is added to a group's running count once Close has begun.
-const closed = 1 << 62
-
-// Init sets g's share window and the error of work that panics. It is
-// called before g is used.
-func (g *Group[V, A]) Init(window time.Duration, panicked Panicked) {
-	g.window, g.panicked = int64(window), panicked
-}
-
-// Close makes the reads that start from now on run on their callers'
-// goroutines, and returns a channel closed once no read of g runs on a
-// goroutine of its own: the cache's Close waits for it. It may be called
-// more than once, and concurrently.
-func (g *Group[V, A]) Close() <-chan struct{} {
-	g.closing.Do(func() {
-		g.idle = make(chan struct{})
-		if g.running.Or(closed) == 0 {
-			g.idleOnce.Do(func() { close(g.idle) })
-		}
-	})
-	return g.idle
-}
-
-// Running is the number of reads of g under way on goroutines of their
-// own.
-func (g *Group[V, A]) Running() int64 { return g.running.Load() &^ closed }
-
-// spawn registers a read about to start on a goroutine of its own, unless
-// Close has begun. Registering before checking, as Close sets its bit
-// before it looks at the count, means that Close never misses a read
-// that started.
-func (g *Group[V, A]) spawn() bool {
-	if g.running.Add(1)&closed != 0 {
-		g.exit()
-		return false
-	}
-	return true
-}
-
-// exit ends a read's goroutine: the last one after Close began closes
-// idle.
-func (g *Group[V, A]) exit() {
-	if g.running.Add(-1) == closed {
-		g.idleOnce.Do(func() { close(g.idle) })
-	}
+// Init sets g's share window, the life its goroutines register with (nil:
+// none), and the error of work that panics. It is called before g is
+// used.
+func (g *Group[V, A]) Init(window time.Duration, l *life.Life, panicked Panicked) {
+	g.window, g.life, g.panicked = int64(window), l, panicked
 }
 
 // A Work is what a group shares: a read of one key.
@@ -208,7 +168,7 @@ func (g *Group[V, A]) Do(ctx context.Context, key string, a A) (v V, err error, 
 			var zero V
 			return zero, err, true
 		}
-	case done == nil || !g.spawn():
+	case done == nil || (g.life != nil && !g.life.TrySpawn()):
 		g.lead(ctx, key, c, a)
 		return c.val, c.err, false
 	default:
@@ -240,7 +200,9 @@ func (g *Group[V, A]) lead(ctx context.Context, key string, c *Call[V], a A) {
 func runWork[V any, A Work[V]](ctx context.Context, a A, c *Call[V]) (V, error) { return a.Run(ctx, c) }
 
 func (g *Group[V, A]) run(ctx context.Context, key string, c *Call[V], a A) {
-	defer g.exit()
+	if g.life != nil {
+		defer g.life.Exit()
+	}
 	g.lead(ctx, key, c, a)
 }
 

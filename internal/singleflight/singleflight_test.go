@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/packcache/packcache/internal/life"
 )
 
 type testGroup = Group[ival, fnWork]
@@ -46,7 +48,7 @@ func (ival) ShareUntil(err error) int64 {
 
 func newGroup(window time.Duration) *testGroup {
 	g := &testGroup{}
-	g.Init(window, panicked)
+	g.Init(window, nil, panicked)
 	return g
 }
 
@@ -386,12 +388,15 @@ func TestForgetVsFinishHotSlot(t *testing.T) {
 	}
 }
 
-// TestGroupCloseWaitsForReads: Close's channel closes only once the reads
-// running on goroutines of their own have ended; a read that starts after
-// Close runs on its caller's goroutine, uncounted; Close may be called
-// again.
-func TestGroupCloseWaitsForReads(t *testing.T) {
-	g := newGroup(0)
+// TestGroupRegistersReads: a read on a goroutine of its own is registered
+// with the group's life until it ends, so that the cache's Close waits
+// for it; once Close has begun, a read runs on its caller's goroutine,
+// unregistered.
+func TestGroupRegistersReads(t *testing.T) {
+	var l life.Life
+	l.Init()
+	g := &testGroup{}
+	g.Init(0, &l, panicked)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	started, release := make(chan struct{}), make(chan struct{})
@@ -405,40 +410,24 @@ func TestGroupCloseWaitsForReads(t *testing.T) {
 		})
 	}()
 	<-started
-	if n := g.Running(); n != 1 {
+	if n := l.Running(); n != 1 {
 		t.Fatalf("Running = %d with one read on a goroutine of its own, want 1", n)
 	}
-	idle := g.Close()
+	idle := l.Close()
 	select {
 	case <-idle:
-		t.Fatal("Close's channel closed while a read runs")
+		t.Fatal("the life is idle while a read runs")
 	default:
 	}
 	var during int64 = -1
 	v, err, _ := do(g, ctx, "b", func(context.Context) (int, error) {
-		during = g.Running()
+		during = l.Running()
 		return 2, nil
 	})
 	if v != 2 || err != nil || during != 1 {
 		t.Fatalf("a read after Close: %v, %v, with Running %d during it; want 2, nil, 1 (on the caller's goroutine)", v, err, during)
 	}
-	if again := g.Close(); again != idle {
-		t.Fatal("a second Close returned another channel")
-	}
 	close(release)
 	<-idle
 	<-done
-	if n := g.Running(); n != 0 {
-		t.Fatalf("Running = %d after the read ended, want 0", n)
-	}
-}
-
-// TestGroupCloseIdle: Close of a group with no read running is idle at
-// once.
-func TestGroupCloseIdle(t *testing.T) {
-	g := newGroup(time.Millisecond)
-	if v, err, _ := do(g, context.Background(), "a", func(context.Context) (int, error) { return 1, nil }); v != 1 || err != nil {
-		t.Fatalf("Do = %v, %v", v, err)
-	}
-	<-g.Close()
 }
