@@ -5,11 +5,13 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/internal/owed"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // The batch calls read and write many keys in one pipeline: one round trip
@@ -25,7 +27,7 @@ func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 	gets := make([]*redis.StringCmd, len(keys))
 	pttls := make([]*redis.DurationCmd, len(keys))
 	var sent time.Time
-	errs := c.roundTripMany(ctx, "get", keys, false, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+	errs := c.roundTripMany(ctx, "get", keys, nil, false, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		gets[i] = pipe.Get(ctx, keys[i])
 		if c.policy(keys[i]).needsPTTL() {
 			pttls[i] = pipe.PTTL(ctx, keys[i])
@@ -53,7 +55,7 @@ func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[st
 	if err := c.life.begin(opGet, first(keys)); err != nil {
 		return nil, err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	if err := ctx.Err(); err != nil {
 		return map[string]any{}, err
 	}
@@ -125,21 +127,20 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 		return nil, nil
 	}
 	var jobs []loadJob
-	calls := make([]*call[result], len(toLoad))
+	calls := make([]*singleflight.Call[result], len(toLoad))
 	joined := make([]bool, len(toLoad))
 	for i, k := range toLoad {
 		p := c.policy(k)
 		token := c.loadToken(from[k])
 		calls[i], joined[i] = c.loads.Claim(k, token, true, c.coalesce)
 		if joined[i] {
-			inc(&p.stats.CoalescedWaits)
+			atomic.AddUint64(&p.stats.CoalescedWaits, 1)
 		} else {
 			jobs = append(jobs, loadJob{key: k, p: p, from: from[k], token: token, cl: calls[i]})
 		}
 	}
 	if len(jobs) > 0 {
-		c.life.spawn()
-		go c.runLoad(ctx, ld, jobs, nil)
+		c.goLoad(ctx, ld, jobs)
 	}
 	var late []string
 	for i, k := range toLoad {
@@ -196,7 +197,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 	if err := c.life.begin(opSet, first(slices.Sorted(maps.Keys(items)))); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	if len(items) == 0 {
 		return nil
 	}
@@ -250,7 +251,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 			}
 			return out
 		}
-		return c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+		return c.roundTripMany(ctx, "set", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 			return pipe.Set(ctx, keys[i], stored[i], redisTTL(ttls[i]))
 		})
 	}) {
@@ -258,7 +259,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 			errs = append(errs, err)
 			continue
 		}
-		inc(&c.policy(keys[i]).stats.Sets)
+		atomic.AddUint64(&c.policy(keys[i]).stats.Sets, 1)
 	}
 	return errors.Join(errs...)
 }
@@ -269,7 +270,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 func (c *cache) delMany(ctx context.Context, keys []string) error {
 	w := owed.Write{Op: "delete", Keys: keys}
 	return errors.Join(c.owed.Write(ctx, &w, func() []error {
-		return c.roundTripMany(ctx, "delete", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+		return c.roundTripMany(ctx, "delete", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 			return pipe.Del(ctx, keys[i])
 		})
 	})...)

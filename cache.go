@@ -4,11 +4,24 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
+	"strings"
+	"sync"
+	"time"
 	"unsafe"
 
+	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/dictset"
+	"github.com/packcache/packcache/internal/life"
+	"github.com/packcache/packcache/internal/owed"
+	"github.com/packcache/packcache/internal/singleflight"
+	"github.com/packcache/packcache/internal/tracking"
 )
 
 // A Cache stores values of type T in Redis. It is safe for concurrent use.
@@ -109,6 +122,24 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 		return &v, err
 	})
 	return valueOf[T](v), err
+}
+
+// getOne is Get, and with fn GetOrLoad, in the core: the caller's value,
+// as a *T, or an error. It is their prologue (the cache's life, the key's
+// policy), beside them so that a read begins in one file; the read itself
+// is get (read.go).
+func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error) {
+	if err := c.life.begin(opGet, key); err != nil {
+		return nil, err
+	}
+	defer c.life.Exit()
+	p := c.policy(key)
+	if fn == nil {
+		fn = p.loader
+	}
+	var r result
+	err := c.get(ctx, key, p, fn, &r)
+	return c.value(key, &r, err)
 }
 
 // GetMany returns the values stored under keys, in one round trip per
@@ -427,4 +458,319 @@ func pointersTo[T any](m map[string]T) map[string]any {
 		out[k] = &v
 	}
 	return out
+}
+
+// tombstone is the whole stored value that remembers a loader's
+// ErrNotFound. See FORMAT.md.
+const tombstone = codec.HeaderTombstone
+
+// cache is the byte-level core behind a Cache[T]: everything but the
+// value's type, which kind describes. Values pass through it as an any
+// holding a *T (nil: none).
+type cache struct {
+	rdb          redis.UniversalClient
+	ser          Serializer
+	text         bool // ser.Text(), read once: values it writes are text
+	kind         kind
+	maxSize      int
+	loadTimeout  time.Duration
+	redisTimeout time.Duration
+	coalesce     bool
+	perCaller    bool
+	strict       bool
+	lockWait     time.Duration
+	onError      func(ctx context.Context, key string, err error)
+	serveError   ServeErrorFunc
+	obs          Observer // nil: none
+	base         *policy
+	prefixes     []*policy      // longest prefix first
+	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
+	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
+
+	// Coalescing, where concurrent callers share work, is
+	// internal/singleflight: the reads of Get, GetOrLoad and Serve are
+	// shared by a Group, their work being flight.Run (read.go), and run
+	// on goroutines it registers with the cache's life; the loads are shared by a
+	// Registry, among the reads that found the same state of a key
+	// (loader.go). (The dictionary set's fetches are a Group too:
+	// internal/dictset.)
+	lookups singleflight.Group[result, flight] // Gets without a loader: read and decode
+	reads   singleflight.Group[result, flight] // Gets with a loader: read, decode, and load on a miss
+	loads   singleflight.Registry[result]      // loads, shared by the reads that found the same state
+	leases  leaseBook                          // unsure leases, and nodes that refuse SET NX GET (lease.go)
+
+	groups groupState // groups in use (groups.go)
+
+	life  lifetime    // calls and goroutines under way, shared reads' included (internal/life)
+	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
+	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
+
+	served servedCounts // Serve's responses (serve.go)
+
+	// The near caches (WithLocalCache), their invalidation stream, and
+	// the marks that keep a read begun before a write out of them.
+	nears     []*near
+	tracker   *tracking.Tracker
+	marks     marks
+	nearOnce  sync.Once
+	nearClock *otter.CoarseClock // otter's clock for the near caches' expiry (see newNear)
+}
+
+// policy is a Policy resolved: every field set, in the form the cache
+// uses, with its counters.
+type policy struct {
+	prefix       string
+	codec        codec.Codec
+	compress     bool // whether values above threshold are compressed
+	threshold    int  // values longer than this are compressed
+	minSaving    int  // bytes compression must save, at least 1
+	ttl          time.Duration
+	jitter       float64       // 0: none
+	loader       loadOne       // nil: none
+	negativeTTL  time.Duration // 0: not remembered
+	refreshAfter time.Duration // 0: no refresh
+	staleFor     time.Duration // 0: no stale window
+	near         *near         // nil: no near cache
+	stats        *counters
+
+	// The policy's zstd dictionary, if any, and the dictionary set's way
+	// to Redis for keys under the policy (dict.go).
+	dict      *dictset.Writer // nil: no dictionary; else codec is its codec
+	undict    codec.Codec     // with dict: the zstd codec of its level, for when it cannot be published
+	dictRedis dictRedis
+}
+
+const (
+	fromRedis  source = iota
+	fromLoader        // a load
+	fromNear          // the near cache
+)
+
+// newCache is New for a T that k describes.
+func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) {
+	if rdb == nil {
+		return nil, errors.New("packcache: nil redis client")
+	}
+	if err := checkClient(rdb); err != nil {
+		return nil, err
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("packcache: %w", err)
+		}
+	}
+	if err := cfg.applyEnv(); err != nil {
+		return nil, fmt.Errorf("packcache: %w", err)
+	}
+	c := &cache{
+		rdb:          rdb,
+		ser:          cfg.serializer,
+		text:         cfg.serializer.Text(),
+		kind:         k,
+		maxSize:      cfg.maxValueSize,
+		loadTimeout:  cfg.loadTimeout,
+		redisTimeout: cfg.redisTimeout,
+		coalesce:     cfg.coalesce,
+		perCaller:    cfg.perCaller,
+		strict:       cfg.strict,
+		lockWait:     cfg.lockWait,
+		onError:      cfg.errorHandler,
+		serveError:   cfg.serveError,
+		obs:          cfg.observer,
+		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
+	}
+	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
+		g.Init(cfg.shareWindow, &c.life.Life, panicError)
+	}
+	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
+	c.life.init()
+	c.leases.init()
+	c.owed.Init(owedStore{c}, c.redisTimeout)
+	var err error
+	if c.base, err = resolve(c, "", cfg.base); err != nil {
+		return nil, cfg.envErr("", err)
+	}
+	for _, prefix := range cfg.sortedPrefixes() {
+		p, err := resolve(c, prefix, cfg.prefixPolicy(prefix))
+		if err != nil {
+			return nil, cfg.envErr(prefix, err)
+		}
+		c.prefixes = append(c.prefixes, p)
+	}
+	c.peers.watch(rdb) // before the near cache's tracker meets the nodes
+	if err := c.startNear(rdb, cfg); err != nil {
+		return nil, err
+	}
+	c.nodes.Watch(rdb)
+	return c, nil
+}
+
+// checkClient refuses a go-redis client that ignores context deadlines.
+func checkClient(rdb redis.UniversalClient) error {
+	var on bool
+	switch c := rdb.(type) {
+	case *redis.Client:
+		on = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		on = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		on = c.Options().ContextTimeoutEnabled
+	default:
+		return nil // a client of another kind: its deadlines are its own
+	}
+	if !on {
+		return errors.New("packcache: the redis client ignores context deadlines: set ContextTimeoutEnabled: true in its options, so that the cache's Redis time budget (WithRedisTimeout) bounds each call")
+	}
+	return nil
+}
+
+// resolve turns a merged Policy into c's form of it. Its dictionary, if
+// any, joins c.dicts.
+func resolve(c *cache, prefix string, p Policy) (*policy, error) {
+	rp := &policy{
+		stats:     &counters{},
+		prefix:    prefix,
+		codec:     p.Codec,
+		compress:  p.CompressAbove != Off && p.Codec.ID() != codec.HeaderNone,
+		threshold: max(p.CompressAbove, 0),
+		minSaving: max(p.MinSaving, 1),
+		ttl:       p.TTL,
+		jitter:    max(p.TTLJitter, 0),
+	}
+	switch p.CompressAbove {
+	case CompressAll:
+		rp.threshold = 0
+	case 0:
+		rp.threshold = defaultCompressAbove
+		if p.Dictionary != nil {
+			rp.threshold = codec.DictionaryCompressAbove
+		}
+	}
+	if p.Dictionary != nil {
+		d, dc, err := c.dicts.Writer(p.Dictionary, p.Codec)
+		if err != nil {
+			return nil, fmt.Errorf("packcache: prefix %q: %w", prefix, err)
+		}
+		if rp.compress {
+			rp.dict, rp.codec, rp.undict = d, dc, p.Codec
+		}
+	}
+	rp.dictRedis = dictRedis{c, rp}
+	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
+	if p.Loader != nil && p.Loader != any(Off) {
+		l, ok := c.kind.loader(p.Loader)
+		if !ok {
+			return nil, fmt.Errorf("packcache: loader for prefix %q is a %T, not a Loader[%s]", prefix, p.Loader, c.kind.t)
+		}
+		rp.loader = l
+	}
+	if rp.refreshAfter > 0 && rp.ttl != Off && rp.refreshAfter >= rp.ttl {
+		return nil, fmt.Errorf("packcache: prefix %q: RefreshAfter %v is not shorter than TTL %v", prefix, rp.refreshAfter, rp.ttl)
+	}
+	return rp, nil
+}
+
+// lifetime is the cache's life (internal/life: the calls and goroutines
+// under way, which Close waits for) and what ends background work that
+// outlives Close's wait.
+type lifetime struct {
+	life.Life
+	ctx    context.Context // ends background work that outlives Close's wait
+	cancel context.CancelFunc
+}
+
+func (l *lifetime) init() {
+	l.Init()
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+}
+
+// begin registers a call of op on key (a batch call's first key) with the
+// cache's life, or returns the error every call made once the cache is
+// closed returns: an *Error naming op and key, matching ErrClosed.
+func (l *lifetime) begin(op, key string) error {
+	if !l.Enter() {
+		return keyErr(op, key, ErrClosed)
+	}
+	return nil
+}
+
+// close is Close.
+func (c *cache) close() error {
+	idle := c.life.Close()
+	defer c.closeNear()
+	defer c.nodes.Close()
+	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return closeOwed(&c.owed, &c.peers)
+	case <-t.C:
+	}
+	c.life.cancel()
+	t.Reset(c.redisTimeout)
+	select {
+	case <-idle:
+		return closeOwed(&c.owed, &c.peers)
+	case <-t.C:
+		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
+			c.life.Running(), c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
+	}
+}
+
+// stats is Stats.
+func (c *cache) stats() Stats {
+	s := Stats{Prefixes: make(map[string]Counters, len(c.prefixes)+1)}
+	s.Counters.Codecs = map[string]CodecStats{}
+	for _, p := range append([]*policy{c.base}, c.prefixes...) {
+		snap := p.stats.snapshot()
+		s.Prefixes[p.prefix] = snap
+		s.Counters.add(snap)
+	}
+	for _, n := range c.nears {
+		s.NearBytes += n.entries.WeightedSize()
+	}
+	s.NearServing = len(c.nears) > 0 && c.nears[0].gate.Open()
+	o := c.owed.Stats()
+	s.Pending, s.PendingKept, s.PendingApplied, s.PendingExpired, s.PendingDropped = o.Owed, o.Kept, o.Applied, o.Expired, o.Dropped
+	c.nodes.Each(func(b *breaker.Node) {
+		open, since := b.State()
+		s.Breakers = append(s.Breakers, BreakerState{Addr: b.Addr(), Open: open, Since: since})
+	})
+	s.Served = c.served.snapshot()
+	return s
+}
+
+// closeNear stops the near caches' goroutines, once.
+func (c *cache) closeNear() {
+	c.nearOnce.Do(func() {
+		if c.tracker != nil {
+			c.tracker.Close()
+		}
+		for _, n := range c.nears {
+			n.entries.StopAllGoroutines()
+		}
+		if c.nearClock != nil {
+			c.nearClock.Stop()
+		}
+		c.changed(flushed)
+	})
+}
+
+func (c *cache) policy(key string) *policy {
+	for _, p := range c.prefixes {
+		if strings.HasPrefix(key, p.prefix) {
+			return p
+		}
+	}
+	return c.base
+}
+
+func (c *cache) report(ctx context.Context, key string, err error) {
+	if c.onError != nil {
+		c.onError(ctx, key, err)
+	}
 }

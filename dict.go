@@ -34,7 +34,7 @@ func (r *dictRedis) GetRange(key string, start, end int64) ([]byte, error) {
 
 // RunScript runs script on key, as a write of key.
 func (r *dictRedis) RunScript(ctx context.Context, script *redis.Script, key string, args ...any) error {
-	err := r.c.roundTripMany(ctx, "set", []string{key}, true, func(ctx context.Context, pipe redis.Cmdable, _ int, sha bool) redis.Cmder {
+	err := r.c.roundTripMany(ctx, "set", []string{key}, nil, true, func(ctx context.Context, pipe redis.Cmdable, _ int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, script, sha, key, args...)
 	})[0]
 	return redisCause(err)

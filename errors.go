@@ -158,6 +158,9 @@ func (e *PanicError) Unwrap() error {
 	return err
 }
 
+// panicError is the error of shared work that panicked.
+func panicError(value any, stack []byte) error { return &PanicError{Value: value, Stack: stack} }
+
 // kindError puts a sentinel in front of a cause: errors.Is matches the
 // sentinel, errors.As still reaches the cause.
 type kindError struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/owed"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // Groups: a version per group, checked on read (docs/groups.md).
@@ -139,7 +140,7 @@ func (c *cache) invalidateGroups(ctx context.Context, groups []string) error {
 	if err := c.life.begin(opGroups, groupKey(groups[0])); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	c.groups.used.Store(true)
 	keys := make([]string, len(groups))
 	for i, g := range groups {
@@ -366,7 +367,7 @@ func (c *cache) judgeGrouped(key string, p *policy, rp reply, readThrough bool) 
 		if g != nil {
 			err = g.err
 		}
-		inc(&p.stats.DecodeErrors)
+		atomic.AddUint64(&p.stats.DecodeErrors, 1)
 		j = judgement{v: vUndecodable, err: keyErr("get", key, err), left: rp.left}
 	case g.check == groupsFailed:
 		return judgement{v: vUnavailable, err: g.cerr}
@@ -530,18 +531,6 @@ func StoreWith(ctx context.Context, key string, opts ...SetOption) error {
 	return nil
 }
 
-// storeOptions ends the window in which StoreWith may be called for the
-// load l, and returns what it set.
-func (l *loading) storeOptions() map[string]setOptions {
-	if l == nil {
-		return nil
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ended = true
-	return l.opts
-}
-
 // errNoGroupSeq is the group sequence of a load that did not read it:
 // the process had not met groups when the load began.
 var errNoGroupSeq = errors.New("packcache: the load began before this process met groups: it read no group sequence")
@@ -578,7 +567,7 @@ func (l *loadRun) again(ctx context.Context, fn loadFunc, keys []string, vals ma
 	l.stamped = nil
 	first := loadingOf(ctx)
 	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: first.cache, keys: first.keys, parent: first.parent})
-	vals, err = protect(ctx, fn, keys, callLoadFunc)
+	vals, err = singleflight.Protect(ctx, fn, keys, callLoadFunc, panicError)
 	return vals, loadingOf(ctx).storeOptions(), seq, nil, err
 }
 
@@ -647,12 +636,6 @@ func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map
 	return slices.ContainsFunc(groups, func(g string) bool { return recs[g] > seq })
 }
 
-// loadingOf is the load whose context ctx is.
-func loadingOf(ctx context.Context) *loading {
-	l, _ := ctx.Value(loadingKey{}).(*loading)
-	return l
-}
-
 // envelop puts the load's writes that the loader placed in groups (or
 // gave a TTL of their own to record) in their envelopes, with seq, the
 // group sequence read before the loader was called (seqErr: not read).
@@ -698,7 +681,7 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 				continue
 			}
 			if slices.ContainsFunc(w.so.groups, func(g string) bool { return recs[g] > seq }) {
-				inc(&j.p.stats.Superseded)
+				atomic.AddUint64(&j.p.stats.Superseded, 1)
 				j.kept = true
 				w.enc.release()
 				continue

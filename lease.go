@@ -3,52 +3,30 @@ package packcache
 import (
 	"context"
 	crand "crypto/rand"
-	"encoding/binary"
 	"errors"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
-// Leases: how long they live, how their holder keeps them alive, how a
-// read places one, and what a process remembers of the leases it may have
-// placed without knowing it. (What a lease is for, and the scripts that
-// take, store over and release it: see FORMAT.md, section 2.2.) Then the
-// guarded stores: how a load stores only over its own lease, or over the
-// value it began from, so that writes are never undone.
+// Leases: what a process remembers of the leases it may have placed
+// without knowing it, and how a load takes one over. (What a lease is
+// for, and the scripts that take, store over and release it: see
+// FORMAT.md, section 2.2.) Then the guards: how a load stores only over
+// its own lease, or over the value it began from, so that writes are
+// never undone. How a read places a lease, and the guarded store, are
+// Redis commands of a miss (roundtrip.go); how a load keeps its leases
+// alive is the load's (loader.go).
 //
 // A lease lives for leaseTTL, three Redis budgets, from when it is placed
 // or last extended. The load that holds it extends it every budget while
 // its loader runs (keeper), so a lease lives as long as its load; a lease
 // whose holder stalled, died or gave up dies within leaseTTL.
-
-// leaseTTL is how long a lease lives unless its holder extends it: three
-// Redis budgets, so that one extension that fails or waits out its whole
-// budget still leaves the lease a budget to live before the next.
-func (c *cache) leaseTTL() time.Duration { return 3 * c.redisTimeout }
-
-// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
-// and a counter, so that a read that may place a lease makes its token
-// with an atomic add, not a call to the system's random source, and a
-// cache knows its own leases by their tag.
-var leaseSeq atomic.Uint64
-
-// newLease returns a fresh lease value: the lease header byte and a
-// 16-byte token unique to this cache (its tag and a counter).
-func (c *cache) newLease() string {
-	var b [17]byte
-	b[0] = codec.HeaderLease
-	copy(b[1:9], c.leases.tag[:])
-	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
-	return string(b[:])
-}
 
 // tagged reports whether lease is one of this cache's (by its tag).
 func (c *cache) tagged(lease string) bool {
@@ -70,7 +48,7 @@ const placerPoll = 20 * time.Millisecond
 // CPU on a busy machine. If the key comes to hold something else, or the
 // placer has registered and ended (or a write detached it), it returns
 // what the key then holds, to be decided on (changed).
-func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *call[result], now judgement, changed bool) {
+func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *singleflight.Call[result], now judgement, changed bool) {
 	j := &l.jobs[i]
 	deadline := time.Now().Add(l.c.leaseTTL())
 	read := time.Now().Add(placerPoll)
@@ -98,84 +76,6 @@ func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *
 		}
 		t.Reset(time.Millisecond)
 	}
-}
-
-// extendScript sets the key's expiry to ARGV[2] ms only if it holds the
-// lease ARGV[1], and returns 1 if it did, 0 if not.
-var extendScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0`)
-
-// A keeper extends the leases of a load, leases[i] on keys[i], every Redis
-// budget until it is stopped, its load's context ends or no lease is
-// left. A key whose lease is gone (a write replaced it, or it expired) is
-// dropped; a failed extension is tried again at the next budget (the
-// lease has two more to live). It runs on a timer, not a goroutine of its
-// own: a load that ends within a budget, as most do, costs it one timer
-// and no goroutine; each extension runs on the timer's goroutine, which
-// ends with it.
-type keeper struct {
-	c            *cache
-	ctx          context.Context // the load's
-	keys, leases []string
-
-	mu      sync.Mutex
-	stopped bool
-	t       *time.Timer
-}
-
-// keepLeases starts a keeper of leases on keys for the load whose
-// context is ctx; it takes keys and leases as its own.
-func (c *cache) keepLeases(ctx context.Context, keys, leases []string) *keeper {
-	k := &keeper{c: c, ctx: ctx, keys: keys, leases: leases}
-	k.mu.Lock()
-	k.t = time.AfterFunc(c.redisTimeout, k.extend)
-	k.mu.Unlock()
-	return k
-}
-
-// stop stops k: no extension starts after it returns (one under way
-// finds the lease gone, or the load's value in its place, and does
-// nothing).
-func (k *keeper) stop() {
-	k.mu.Lock()
-	k.stopped = true
-	k.t.Stop()
-	k.mu.Unlock()
-}
-
-func (k *keeper) extend() {
-	k.mu.Lock()
-	stopped := k.stopped
-	k.mu.Unlock()
-	c := k.c
-	if stopped || k.ctx.Err() != nil || !c.life.trySpawn() {
-		return
-	}
-	defer c.life.exit()
-	keys, leases := k.keys, k.leases
-	cmds := make([]*redis.Cmd, len(keys))
-	ms := c.leaseTTL().Milliseconds()
-	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
-		return cmds[i]
-	})
-	n := 0
-	for i, err := range errs {
-		if err == nil {
-			if v, _ := cmds[i].Int(); v == 0 {
-				continue // replaced by a write, or expired: nothing to keep
-			}
-		}
-		keys[n], leases[n] = keys[i], leases[i]
-		n++
-	}
-	k.keys, k.leases = keys[:n], leases[:n]
-	k.mu.Lock()
-	if !k.stopped && n > 0 && k.ctx.Err() == nil {
-		k.t.Reset(c.redisTimeout)
-	}
-	k.mu.Unlock()
 }
 
 // maybeRan reports whether a Redis call that failed with err may have run
@@ -267,11 +167,11 @@ func (c *cache) forgetLease(key, lease string) {
 // release tells it is gone (the read may yet land after the release).
 func (c *cache) dropLease(ctx context.Context, key, lease string) {
 	c.rememberLease(key, lease)
-	if !c.life.trySpawn() {
+	if !c.life.TrySpawn() {
 		return
 	}
 	go func() {
-		defer c.life.exit()
+		defer c.life.Exit()
 		var cmd *redis.Cmd
 		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), false, func(ctx context.Context) error {
 			cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
@@ -287,55 +187,6 @@ func (c *cache) dropLease(ctx context.Context, key, lease string) {
 			c.forgetLease(key, lease)
 		}
 	}()
-}
-
-// setGetBackoff is how long a node that refused SET NX GET is read with
-// GET before it is tried again: it may have been under maxmemory, or
-// replaced by a newer server.
-const setGetBackoff = time.Second
-
-// setGetRefused reports whether err is a node's error reply to SET NX GET
-// that a plain GET would not get: a server older than 7.0 (a syntax
-// error), a write refused under maxmemory with noeviction (OOM), an ACL
-// that allows reads only (NOPERM), a read-only replica (READONLY). Replies
-// that say the node cannot serve at all (LOADING, CLUSTERDOWN, ...) are
-// failures, not refusals, and WRONGTYPE is the key's, not the node's.
-func setGetRefused(err error) bool {
-	if err == nil || err == redis.Nil {
-		return false // a hit or a miss: the common case, without errors.As
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	if strings.HasPrefix(re.Error(), "WRONGTYPE") {
-		return false // the key's own: a GET gets it too
-	}
-	return !breaker.Unavailable(re)
-}
-
-// canSetGet reports whether reads of key may place a lease with SET NX
-// GET: unless its node refused it within setGetBackoff. It costs one
-// atomic load while no node has.
-func (c *cache) canSetGet(ctx context.Context, key string) bool {
-	if !c.leases.any.Load() {
-		return true
-	}
-	v, ok := c.leases.noSetGet.Load(c.nodes.ForKey(ctx, key))
-	return !ok || time.Now().UnixNano() >= v.(int64)
-}
-
-// refuseSetGet notes that key's node refused SET NX GET.
-func (c *cache) refuseSetGet(ctx context.Context, key string) {
-	c.leases.noSetGet.Store(c.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
-	c.leases.any.Store(true)
-}
-
-// setGetCmd is SET key lease PX ttl NX GET: it returns what key holds and
-// writes nothing, or, where key holds nothing, places lease and returns
-// nil.
-func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis.StringCmd {
-	return redis.NewStringCmd(ctx, "set", key, lease, "px", strconv.FormatInt(ttl.Milliseconds(), 10), "nx", "get")
 }
 
 // Writes are never undone. Once Set or Delete of a key returns, no load
@@ -372,7 +223,7 @@ func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis
 // does: the read that places the lease, and the store, a script. A hit is
 // the one read, which writes nothing where the key holds a value
 // (BenchmarkHitWithLease sets it beside a GET). The second promise, within
-// this process, is changed's (near.go): a write detaches every read and load of the
+// this process, is changed's (write.go): a write detaches every read and load of the
 // key under way from later callers.
 //
 // While a lease is in place, readers treat the key as "a load is in
@@ -381,7 +232,7 @@ func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis
 // own, or else loads without storing, or with WithLock waits for the
 // other process's value (taking the lease over if it outlives the wait).
 //
-// A lease lives as long as its load (lease.go): its TTL is three Redis
+// A lease lives as long as its load (keeper, loader.go): its TTL is three Redis
 // budgets, and the load extends it every budget while its loader runs. A
 // lease whose holder stalled, died or gave up dies within three budgets of
 // its last extension, and blocks stores of the key no longer.
@@ -431,53 +282,10 @@ if v and (ARGV[3] == '' or v ~= ARGV[3]) then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false`)
 
-// storeScript writes ARGV[3] (for ARGV[4] ms; 0: no expiry) only if the
-// key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
-// ARGV[2] (ARGV[1] = 'd') and, if ARGV[5] is not negative, whose time to
-// live is at most ARGV[5] ms (a write in between would have set it
-// anew); or if the key holds exactly ARGV[3] already, whose time to live
-// it sets anew: so a store made again, after a first copy that ran but
-// whose reply came too late, does what the first one did. It returns 1
-// if it wrote, 0 if not.
-var storeScript = redis.NewScript(`
-local cur = redis.call('GET', KEYS[1])
-if cur ~= ARGV[3] then
-  if ARGV[1] == 'l' then
-    if cur ~= ARGV[2] then return 0 end
-  elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
-    return 0
-  elseif tonumber(ARGV[5]) >= 0 and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[5]) then
-    return 0
-  end
-end
-if ARGV[4] == '0' then
-  redis.call('SET', KEYS[1], ARGV[3])
-else
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
-end
-return 1`)
-
 // releaseScript deletes the key only if it holds the lease ARGV[1].
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
-
-// storeArgs are the arguments of storeScript for a guarded write.
-func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
-	mode := "l"
-	if g.kind == guardDigest {
-		mode = "d"
-	}
-	ms := int64(0)
-	if ttl != Off {
-		ms = max(ttl.Milliseconds(), 1)
-	}
-	maxPTTL := int64(-1)
-	if g.kind == guardDigest {
-		maxPTTL = g.maxPTTL
-	}
-	return []any{mode, g.value, stored, ms, maxPTTL}
-}
 
 // acquireLeases places leases[i] on keys[i], in one pipeline, where the
 // key holds nothing or exactly the lease olds[i] being taken over (""
@@ -486,7 +294,7 @@ func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
 // failure (see roundTripMany).
 func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
 	cmds := make([]*redis.Cmd, len(keys))
-	errs = c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs = c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), olds[i])
 		return cmds[i]
 	})
@@ -497,75 +305,4 @@ func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) 
 		}
 	}
 	return held, errs
-}
-
-// A pendingWrite is a guarded write of a load's value.
-type pendingWrite struct {
-	job    int // the load's job it stores for
-	key    string
-	g      guard
-	stored []byte
-	ttl    time.Duration
-	enc    encoded
-	so     setOptions // what the loader chose for it (StoreWith)
-}
-
-// errSuperseded is a guarded write refused because the key was written
-// after the load began: the write won, as it must. It is not an error.
-var errSuperseded = errors.New("packcache: superseded by a later write")
-
-// storeGuarded makes guarded writes in one pipeline, and returns each
-// one's error: nil when it wrote, errSuperseded when its guard no longer
-// held, or a Redis failure.
-func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
-	keys := make([]string, len(writes))
-	for i, w := range writes {
-		keys[i] = w.key
-	}
-	cmds := make([]*redis.Cmd, len(writes))
-	errs := c.roundTripMany(ctx, "set", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		w := writes[i]
-		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
-		return cmds[i]
-	})
-	for i, w := range writes {
-		if errs[i] != nil {
-			continue
-		}
-		p := c.policy(w.key)
-		if n, _ := cmds[i].Int(); n == 0 {
-			inc(&p.stats.Superseded)
-			errs[i] = errSuperseded
-			continue
-		}
-		inc(&p.stats.Stores)
-		c.changed(stored, w.key)
-	}
-	return errs
-}
-
-// releaseLeases removes leases[i] from keys[i], in one pipeline, where it
-// is still there: the loads they stood for store nothing. Failures are
-// reported; a lease not released expires by itself.
-func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
-	if len(keys) == 0 {
-		return
-	}
-	errs := c.roundTripMany(ctx, "lease", keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
-	})
-	for i, err := range errs {
-		if err != nil && !errors.Is(err, ErrCircuitOpen) {
-			c.report(ctx, keys[i], err)
-		}
-	}
-}
-
-// runScript queues script on key in pipe (or runs it, on a client): as
-// EVALSHA, or as EVAL when sha is false (a node answered NOSCRIPT).
-func runScript(ctx context.Context, pipe redis.Cmdable, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
-	if sha {
-		return script.EvalSha(ctx, pipe, []string{key}, args...)
-	}
-	return script.Eval(ctx, pipe, []string{key}, args...)
 }

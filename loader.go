@@ -6,9 +6,12 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
 // A Loader loads the value for a key from the source of truth, such as a
@@ -106,6 +109,24 @@ type loading struct {
 
 type loadingKey struct{}
 
+// loadingOf is the load whose context ctx is.
+func loadingOf(ctx context.Context) *loading {
+	l, _ := ctx.Value(loadingKey{}).(*loading)
+	return l
+}
+
+// storeOptions ends the window in which StoreWith may be called for the
+// load l, and returns what it set.
+func (l *loading) storeOptions() map[string]setOptions {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = true
+	return l.opts
+}
+
 // reentrant reports a call for key made from inside key's own load.
 func (c *cache) reentrant(ctx context.Context, key string) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
@@ -172,22 +193,33 @@ func (f manyLoader) loadKeys(ctx context.Context, keys []string) (map[string]any
 type loadJob struct {
 	key     string
 	p       *policy
-	from    judgement     // what the read that started the load found
-	token   string        // the load's identity in the registry: see loadToken
-	refresh bool          // a background refresh of a value still fresh
-	cl      *call[result] // the key's call in the registry
+	from    judgement                  // what the read that started the load found
+	token   string                     // the load's identity in the registry: see loadToken
+	refresh bool                       // a background refresh of a value still fresh
+	cl      *singleflight.Call[result] // the key's call in the registry
 
-	load   bool          // the loader is to be called for it, storing under g
-	g      guard         // how it may store
-	seen   string        // another process's lease it found, while settling
-	own    bool          // seen is a lease of this process's whose outcome it did not learn
-	mine   bool          // seen is this cache's lease, placed by a read whose load had not registered
-	join   *call[result] // another load of this process that now holds the key
-	stored bool          // its value (or tombstone) was written
-	loaded bool          // the loader gave a value or ErrNotFound for it (Loads)
-	kept   bool          // not stored, and counted why (Superseded or TooLarge)
+	load   bool                       // the loader is to be called for it, storing under g
+	g      guard                      // how it may store
+	seen   string                     // another process's lease it found, while settling
+	own    bool                       // seen is a lease of this process's whose outcome it did not learn
+	mine   bool                       // seen is this cache's lease, placed by a read whose load had not registered
+	join   *singleflight.Call[result] // another load of this process that now holds the key
+	stored bool                       // its value (or tombstone) was written
+	loaded bool                       // the loader gave a value or ErrNotFound for it (Loads)
+	kept   bool                       // not stored, and counted why (Superseded or TooLarge)
 	res    result
 	err    error
+}
+
+// finishErr is j's error as its callers get it. A job begins with the
+// bare ErrGoexit, what it keeps if the loader calls runtime.Goexit (or if
+// nothing decides it), and that error is made one naming the key only
+// here, as the job finishes: a load that ends as most do makes none.
+func (j *loadJob) finishErr() error {
+	if j.err == singleflight.ErrGoexit {
+		j.err = keyErr("load", j.key, j.err)
+	}
+	return j.err
 }
 
 // load answers a read-through Get whose read found j: it joins this
@@ -210,13 +242,13 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 	jobs := []loadJob{{key: f.key, p: f.p, from: j, token: token, cl: cl}}
 	switch {
 	case joined:
-		inc(&f.p.stats.CoalescedWaits)
+		atomic.AddUint64(&f.p.stats.CoalescedWaits, 1)
 	case f.cl != nil && f.cl.Own():
 		// The read runs on a goroutine of its own, which its callers
 		// wait for only through the read's call: the load runs on it
 		// too, one goroutine hand-off fewer each way, and at the load
-		// timeout releases the read's callers with its own.
-		c.life.spawn() // runLoad's, as for a goroutine of its own
+		// timeout releases the read's callers with its own. (The group
+		// registered that goroutine with the cache's life.)
 		c.runLoad(ctx, oneLoader{f.ld}, jobs, func(err error) {
 			r, err := c.fallBack(ctx, f.key, j, result{}, err)
 			c.reads.Finish(f.key, f.cl, r, err)
@@ -225,8 +257,7 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 		// On a goroutine of its own even when this caller cannot leave:
 		// the callers must be released at the load timeout whether or
 		// not the loader heeds its context.
-		c.life.spawn()
-		go c.runLoad(ctx, oneLoader{f.ld}, jobs, nil)
+		c.goLoad(ctx, oneLoader{f.ld}, jobs)
 	}
 	return c.awaitLoad(ctx, f.key, f.p, j, cl, joined)
 }
@@ -236,8 +267,8 @@ func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error)
 // TTL, StaleFor says the caller gets that value (a load the caller
 // joined may have begun from another state, with no stale value of its
 // own to fall back on).
-func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgement, cl *call[result], joined bool) (result, error) {
-	r, err := wait(ctx, cl)
+func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgement, cl *singleflight.Call[result], joined bool) (result, error) {
+	r, err := singleflight.Wait(ctx, cl)
 	r.joined = joined
 	return c.fallBack(ctx, key, j, r, err)
 }
@@ -264,25 +295,34 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 	if cl == nil {
 		return
 	}
-	inc(&p.stats.Refreshes)
-	c.life.spawn()
-	go c.runLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}}, nil)
+	atomic.AddUint64(&p.stats.Refreshes, 1)
+	c.goLoad(ctx, fn, []loadJob{{key: key, p: p, from: j, token: token, refresh: true, cl: cl}})
 }
 
-// runLoad loads jobs with one call of fn, on a goroutine of its own, and
-// finishes each job's call: with the job's result, or, for callers still
-// waiting when the load's context ends, with its error. It is the one
-// load: of one key for a Get, of many for GetOrLoadMany.
+// goLoad runs runLoad on a goroutine of its own, which the cache's life
+// counts, so that Close waits for it.
+func (c *cache) goLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
+	c.life.Spawn()
+	go func() {
+		defer c.life.Exit()
+		c.runLoad(ctx, fn, jobs, nil)
+	}()
+}
+
+// runLoad loads jobs with one call of fn, on a goroutine of its own
+// (goLoad's, or a shared read's; both are registered with the cache's
+// life), and finishes each job's call: with the job's result, or, for
+// callers still waiting when the load's context ends, with its error. It
+// is the one load: of one key for a Get, of many for GetOrLoadMany.
 //
 // released, if not nil, is told the error of a load whose context ended
 // before its loader returned: the load runs on a read's goroutine, whose
 // callers it must release too.
 func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, released func(error)) {
-	defer c.life.exit()
 	keys := make([]string, len(jobs))
 	for i := range jobs {
 		keys[i] = jobs[i].key
-		jobs[i].err = keyErr("load", keys[i], errGoexit) // what runtime.Goexit in fn leaves
+		jobs[i].err = singleflight.ErrGoexit // what runtime.Goexit in fn leaves (see finishErr)
 	}
 	lctx, cancel := c.loadContext(ctx, keys, false)
 	defer cancel()
@@ -305,16 +345,16 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	defer func() {
 		ended := false
 		for i := range jobs {
-			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].err) || ended
+			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, jobs[i].res, jobs[i].finishErr()) || ended
 		}
 		if ended && released != nil {
-			released(jobs[0].err)
+			released(jobs[0].finishErr())
 		}
 	}()
-	_, err := protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
+	_, err := singleflight.Protect(lctx, l, fn, func(ctx context.Context, l *loadRun, fn loadFunc) (struct{}, error) {
 		l.run(ctx, fn, timeout)
 		return struct{}{}, nil
-	})
+	}, panicError)
 	for i := range jobs {
 		j := &jobs[i]
 		switch {
@@ -323,8 +363,8 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 		case err != nil: // a panic in fn, the serializer or a codec
 			j.res, j.err = result{}, keyErr("load", j.key, err)
 		}
-		if j.refresh && j.err != nil && !errors.Is(j.err, ErrNotFound) {
-			c.report(lctx, j.key, j.err)
+		if jerr := j.finishErr(); j.refresh && jerr != nil && !errors.Is(jerr, ErrNotFound) {
+			c.report(lctx, j.key, jerr)
 		}
 		if j.refresh && j.stored {
 			// Before finish, so that no refresh from the value it replaced
@@ -338,7 +378,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 	}
 	for i := range jobs {
 		if j := &jobs[i]; j.join != nil {
-			j.res, j.err = wait(lctx, j.join)
+			j.res, j.err = singleflight.Wait(lctx, j.join)
 			c.loads.Finish(j.key, j.cl, j.res, j.err)
 		}
 	}
@@ -387,9 +427,11 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
 	// past fn, in a serializer or a codec, is caught by runLoad).
-	vals, err := protect(ctx, fn, keys, callLoadFunc)
+	vals, err := singleflight.Protect(ctx, fn, keys, callLoadFunc, panicError)
 	opts := loadingOf(ctx).storeOptions()
-	if seqErr == errNoGroupSeq && l.grouped(opts, err) {
+	// (opts is nil unless the loader called StoreWith: then it put
+	// nothing in groups.)
+	if opts != nil && seqErr == errNoGroupSeq && l.grouped(opts, err) {
 		vals, opts, seq, seqErr, err = l.again(ctx, fn, keys, vals, opts, err)
 	}
 	for n := 0; n < maxRaced && seqErr == nil && l.raced(sctx, keys, seq, opts, err); n++ {
@@ -404,7 +446,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		// about to get, the timeout, whatever fn returned.
 		for _, i := range loading {
 			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
-			inc(&l.jobs[i].p.stats.LoadErrors)
+			atomic.AddUint64(&l.jobs[i].p.stats.LoadErrors, 1)
 		}
 		c.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
 		return
@@ -418,11 +460,6 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		return
 	}
 	var writes []pendingWrite
-	defer func() {
-		for i := range writes {
-			writes[i].enc.release()
-		}
-	}()
 	for _, i := range loading {
 		j := &l.jobs[i]
 		p := j.p
@@ -432,7 +469,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			// another process is caught by the script, unless it wrote
 			// the very bytes the load began from and left the TTL no
 			// higher.)
-			inc(&p.stats.Superseded)
+			atomic.AddUint64(&p.stats.Superseded, 1)
 			j.g, j.kept = guard{}, true
 		}
 		v, ok := vals[j.key]
@@ -440,7 +477,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			l.fail(ctx, i, ErrNilValue)
 			continue
 		}
-		inc(&p.stats.Loads)
+		atomic.AddUint64(&p.stats.Loads, 1)
 		j.loaded = true
 		so := opts[j.key] // what the loader chose with StoreWith
 		if !ok {
@@ -450,7 +487,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 				nttl = so.ttl
 			}
 			if j.g.kind != guardNone && nttl != 0 && !noStore {
-				writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: []byte{tombstone}, ttl: nttl, so: so})
+				writes = append(writes, pendingWrite{job: i, key: j.key, p: p, g: j.g, stored: []byte{tombstone}, ttl: nttl, so: so})
 			}
 			continue
 		}
@@ -491,10 +528,15 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			if so.ttlSet {
 				ttl = so.ttl
 			}
-			writes = append(writes, pendingWrite{job: i, key: j.key, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
+			writes = append(writes, pendingWrite{job: i, key: j.key, p: p, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
 		}
 	}
-	writes = l.envelop(sctx, writes, seq, seqErr)
+	// A write goes in an envelope only where the loader placed it in
+	// groups or gave it a TTL of its own (StoreWith); with none such,
+	// envelop would return writes as they are.
+	if slices.ContainsFunc(writes, func(w pendingWrite) bool { return len(w.so.groups) > 0 || w.so.ttlSet }) {
+		writes = l.envelop(sctx, writes, seq, seqErr)
+	}
 	for i, err := range c.storeGuarded(sctx, writes) {
 		w := writes[i]
 		switch {
@@ -506,11 +548,17 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			l.jobs[w.job].res, l.jobs[w.job].err = result{}, err
 		}
 	}
+	// The stores are made: their buffers go back to the pool. (A panic
+	// in a serializer or a codec on the way here leaves them to the
+	// garbage collector, which a pool allows.)
+	for i := range writes {
+		writes[i].enc.release()
+	}
 	// Every loaded key ends one way: stored, superseded, too large, or
 	// (counted here) not stored for any other reason.
 	for _, i := range loading {
 		if j := &l.jobs[i]; j.loaded && !j.stored && !j.kept {
-			inc(&j.p.stats.Unstored)
+			atomic.AddUint64(&j.p.stats.Unstored, 1)
 		}
 	}
 }
@@ -519,11 +567,19 @@ func callLoadFunc(ctx context.Context, fn loadFunc, keys []string) (map[string]a
 	return fn.loadKeys(ctx, keys)
 }
 
+// observeLoad tells the observer of a loader call that began at start.
+func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
+	if c.obs == nil {
+		return
+	}
+	c.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
+}
+
 // fail ends job i with the load's error err: its callers get err, or,
 // from a value past its TTL, that value (StaleFor).
 func (l *loadRun) fail(ctx context.Context, i int, err error) {
 	j := &l.jobs[i]
-	inc(&j.p.stats.LoadErrors)
+	atomic.AddUint64(&j.p.stats.LoadErrors, 1)
 	if !isKeyError(err, j.key) {
 		err = keyErr("load", j.key, err)
 	}
@@ -554,6 +610,84 @@ func (l *loadRun) keep(ctx context.Context) (stop func()) {
 	return l.c.keepLeases(ctx, keys, leases).stop
 }
 
+// extendScript sets the key's expiry to ARGV[2] ms only if it holds the
+// lease ARGV[1], and returns 1 if it did, 0 if not.
+var extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+
+// A keeper extends the leases of a load, leases[i] on keys[i], every Redis
+// budget until it is stopped, its load's context ends or no lease is
+// left. A key whose lease is gone (a write replaced it, or it expired) is
+// dropped; a failed extension is tried again at the next budget (the
+// lease has two more to live). It runs on a timer, not a goroutine of its
+// own: a load that ends within a budget, as most do, costs it one timer
+// and no goroutine; each extension runs on the timer's goroutine, which
+// ends with it.
+type keeper struct {
+	c            *cache
+	ctx          context.Context // the load's
+	keys, leases []string
+
+	mu      sync.Mutex
+	stopped bool
+	t       *time.Timer
+}
+
+// keepLeases starts a keeper of leases on keys for the load whose
+// context is ctx; it takes keys and leases as its own.
+func (c *cache) keepLeases(ctx context.Context, keys, leases []string) *keeper {
+	k := &keeper{c: c, ctx: ctx, keys: keys, leases: leases}
+	k.mu.Lock()
+	k.t = time.AfterFunc(c.redisTimeout, k.extend)
+	k.mu.Unlock()
+	return k
+}
+
+// stop stops k: no extension starts after it returns (one under way
+// finds the lease gone, or the load's value in its place, and does
+// nothing).
+func (k *keeper) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.t.Stop()
+	k.mu.Unlock()
+}
+
+func (k *keeper) extend() {
+	k.mu.Lock()
+	stopped := k.stopped
+	k.mu.Unlock()
+	c := k.c
+	if stopped || k.ctx.Err() != nil || !c.life.TrySpawn() {
+		return
+	}
+	defer c.life.Exit()
+	keys, leases := k.keys, k.leases
+	cmds := make([]*redis.Cmd, len(keys))
+	ms := c.leaseTTL().Milliseconds()
+	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
+		return cmds[i]
+	})
+	n := 0
+	for i, err := range errs {
+		if err == nil {
+			if v, _ := cmds[i].Int(); v == 0 {
+				continue // replaced by a write, or expired: nothing to keep
+			}
+		}
+		keys[n], leases[n] = keys[i], leases[i]
+		n++
+	}
+	k.keys, k.leases = keys[:n], leases[:n]
+	k.mu.Lock()
+	if !k.stopped && n > 0 && k.ctx.Err() == nil {
+		k.t.Reset(c.redisTimeout)
+	}
+	k.mu.Unlock()
+}
+
 // release releases, in one pipeline, the leases the load took and did not
 // store over, so that readers do not take the keys for a load in progress.
 func (l *loadRun) release(ctx context.Context) {
@@ -564,6 +698,23 @@ func (l *loadRun) release(ctx context.Context) {
 		}
 	}
 	l.c.releaseLeases(ctx, keys, leases)
+}
+
+// releaseLeases removes leases[i] from keys[i], in one pipeline, where it
+// is still there: the loads they stood for store nothing. Failures are
+// reported; a lease not released expires by itself.
+func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
+	if len(keys) == 0 {
+		return
+	}
+	errs := c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
+	})
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, ErrCircuitOpen) {
+			c.report(ctx, keys[i], err)
+		}
+	}
 }
 
 // settle decides for each key how its load may store, from what the key
@@ -660,7 +811,7 @@ func (l *loadRun) settle(ctx context.Context) {
 func (l *loadRun) awaitLeases(ctx context.Context, waiting []int) []int {
 	c := l.c
 	for _, i := range waiting {
-		inc(&l.jobs[i].p.stats.LockWaits)
+		atomic.AddUint64(&l.jobs[i].p.stats.LockWaits, 1)
 	}
 	deadline := time.Now().Add(c.lockWait)
 	backoff := 2 * time.Millisecond
@@ -825,7 +976,7 @@ func (c *cache) unstored(ctx context.Context, key string, p *policy, err error) 
 	case errors.Is(err, ErrSerialization):
 		return true
 	case errors.Is(err, ErrTooLarge):
-		inc(&p.stats.TooLarge)
+		atomic.AddUint64(&p.stats.TooLarge, 1)
 	case c.strict:
 		return true
 	}
@@ -842,7 +993,7 @@ func isKeyError(err error, key string) bool {
 // loadToken names the state a load begins from, so that only reads that
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
-// Redis unreachable, unprovenToken.
+// Redis unreachable, singleflight.Unproven.
 func (c *cache) loadToken(j judgement) string {
 	switch j.v {
 	case vMiss:
@@ -853,10 +1004,13 @@ func (c *cache) loadToken(j judgement) string {
 	case vLease:
 		return j.lease
 	case vUnavailable:
-		return unprovenToken
+		return singleflight.Unproven
 	case vOwed:
 		return owedToken
 	default:
 		return "sha1:" + j.digest
 	}
 }
+
+// owedToken is the token of loads of a key whose invalidation is owed.
+const owedToken = "owed"

@@ -2,6 +2,7 @@ package packcache
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/packcache/packcache/codec"
@@ -127,32 +128,6 @@ func WithObserver(o Observer) Option {
 	}
 }
 
-// readOutcome is what a reader got, as Stats and the Observer count it:
-// the one classification of a read's result.
-func readOutcome(stale bool, from source, err error) ReadOutcome {
-	switch {
-	case err == nil && stale:
-		return ReadStale
-	case err == nil && from == fromLoader:
-		return ReadMiss
-	case err == nil:
-		return ReadHit
-	case errors.Is(err, ErrMiss):
-		return ReadMiss
-	case errors.Is(err, ErrNotFound):
-		return ReadNotFound
-	}
-	return ReadError
-}
-
-// observeLoad tells the observer of a loader call that began at start.
-func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
-	if c.obs == nil {
-		return
-	}
-	c.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
-}
-
 // redisFailed counts a failed Redis operation on key's prefix and tells the
 // observer, with the node's address.
 //
@@ -160,7 +135,7 @@ func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
 func (c *cache) redisFailed(p *policy, b *breaker.Node, err error) {
-	inc(&p.stats.RedisErrors)
+	atomic.AddUint64(&p.stats.RedisErrors, 1)
 	c.peers.stale()
 	if c.obs != nil {
 		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})

@@ -30,7 +30,7 @@ const opInvalidate = "invalidate"
 // Invalidate sends the owed DELs through the client, one pipeline per
 // node (owedCommand: what each key is sent).
 func (s owedStore) Invalidate(ctx context.Context, keys, keeps []string) []error {
-	return s.c.roundTripMany(ctx, opInvalidate, keys, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	return s.c.roundTripMany(ctx, opInvalidate, keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return owedCommand(ctx, pipe, sha, keys[i], keeps[i])
 	})
 }

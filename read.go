@@ -6,36 +6,24 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache/codec"
+	"github.com/packcache/packcache/internal/httpenc"
+	"github.com/packcache/packcache/internal/singleflight"
 )
 
-// A read, in call order: get answers from the near cache or a read of the
-// key still shared (fast); else it joins or starts the shared read (a
-// group: singleflight.go), whose work is flight.run: fetch the key, judge
-// what Redis holds, and act on the judgement by rule: serve it, fail, or
-// load (loader.go). count counts the caller's outcome and value hands it
-// its value.
-
-// getOne is Get, and with fn GetOrLoad: the caller's value, as a *T, or
-// an error.
-func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error) {
-	if err := c.life.begin(opGet, key); err != nil {
-		return nil, err
-	}
-	defer c.life.exit()
-	p := c.policy(key)
-	if fn == nil {
-		fn = p.loader
-	}
-	var r result
-	err := c.get(ctx, key, p, fn, &r)
-	return c.value(key, &r, err)
-}
+// A read, in call order, once its prologue has run (getOne, cache.go):
+// get answers from the near cache or a read of the key still shared
+// (fast); else it joins or starts the shared read (a singleflight.Group),
+// whose work is flight.Run: fetch the key (roundtrip.go), judge what
+// Redis holds, and act on the judgement by rule: serve it, fail, or load
+// (loader.go). count counts the caller's outcome and value hands it its
+// value.
 
 // get is Get, GetOrLoad and Serve, with ld the loader (nil: none): the
 // caller's result, counted, into r, for the caller to hand out in its own
@@ -85,6 +73,62 @@ func (c *cache) getOnce(ctx context.Context, key string, p *policy, ld loadOne, 
 	return err, shared
 }
 
+// result is what shared work hands its callers.
+type result struct {
+	val   any    // a *T; nil for none
+	data  []byte // the serialized value, when each caller decodes its own
+	size  int    // the serialized value's length, when decoded from Redis
+	from  source
+	stale bool
+	// unshared: the read cannot be told of a later change of its key (a
+	// grouped value, see checked; or a
+	// TrackKeys near cache's read that Redis does not track for this
+	// process), so it is shared only while in flight, never held.
+	unshared bool
+	// joined: the read that produced it joined a load another began, so
+	// its callers shared work (for Stats and the Observer).
+	joined bool
+	// checked is, for a grouped value (one a load put in groups, or one
+	// read from Redis in an envelope with groups), the number of the
+	// last check of its groups (groupState.checks); 0 otherwise. Such a
+	// value is unshared too.
+	checked uint64
+	// expires is when the value read expires in Redis, in unix
+	// nanoseconds, when known (0 otherwise): it is shared no later.
+	expires int64
+	// stored is the value as Redis holds it, when read from there: Serve
+	// may send it as it is. edge is what Serve keeps of a near-cache
+	// entry (nil: nothing yet). See serve.go.
+	stored string
+	edge   *httpenc.Edge
+}
+
+// lateFor reports whether r is a grouped value whose groups were last
+// checked (by its read, or its load) before a call that began when the
+// groups' checks numbered since: an
+// invalidation of its groups may have come between the check and the
+// call (InvalidateGroups promises such a call no value from before it),
+// so the call does not take it, and reads again.
+func (r *result) lateFor(since uint64) bool {
+	return r.checked != 0 && r.checked <= since
+}
+
+// ShareUntil says until when, in unix nanoseconds, a finished read with
+// this outcome may be shared with later callers: values and misses may,
+// for the share window but never past the value's expiry; errors and
+// stale values may not (0), so that the next caller tries again.
+func (r result) ShareUntil(err error) int64 {
+	if (err != nil && !errors.Is(err, ErrMiss) && !errors.Is(err, ErrNotFound)) || r.stale || r.unshared {
+		return 0
+	}
+	if r.expires != 0 {
+		return r.expires
+	}
+	return 1<<63 - 1
+}
+
+type source uint8
+
 // fast answers a Get from the near cache or from a read of the key still
 // shared, without locks: the path a surge's callers take. It is kept
 // small, apart from get, so that their goroutines' stacks need not grow.
@@ -115,8 +159,8 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 			return err, true
 		}
 	}
-	inc(&p.stats.CoalescedWaits)
-	*r, err = wait(ctx, cl)
+	atomic.AddUint64(&p.stats.CoalescedWaits, 1)
+	*r, err = singleflight.Wait(ctx, cl)
 	return err, true
 }
 
@@ -127,13 +171,13 @@ type flight struct {
 	key string
 	p   *policy
 	ld  loadOne
-	cl  *call[result] // the read's call, once it runs (nil without coalescing)
+	cl  *singleflight.Call[result] // the read's call, once it runs (nil without coalescing)
 }
 
 // Run is the work of one read, shared by the callers that coalesce (cl
 // is their call; nil without coalescing): it reads key, judges what Redis
 // holds, and acts on the judgement.
-func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
+func (f flight) Run(ctx context.Context, cl *singleflight.Call[result]) (result, error) {
 	c, key, p := f.c, f.key, f.p
 	f.cl = cl
 	var t ticket
@@ -159,7 +203,7 @@ func (f flight) Run(ctx context.Context, cl *call[result]) (result, error) {
 // Joining counts a caller sharing the read and catches a loader that
 // would wait for its own key's read.
 func (f flight) Joining(ctx context.Context, key string, running bool) error {
-	inc(&f.p.stats.CoalescedWaits)
+	atomic.AddUint64(&f.p.stats.CoalescedWaits, 1)
 	if !running {
 		return nil
 	}
@@ -306,7 +350,7 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 		j.r.expires = j.expires.UnixNano()
 	}
 	if derr != nil {
-		inc(&p.stats.DecodeErrors)
+		atomic.AddUint64(&p.stats.DecodeErrors, 1)
 		j.v, j.err = vUndecodable, derr
 		if lacksDictionary(derr) {
 			// The bytes may be sound: kept, as when Redis fails (a load
@@ -362,90 +406,6 @@ type reply struct {
 	// near cache since before the read; untracked, that the read is made
 	// on the client (see nearPipeline).
 	tracked, untracked bool
-}
-
-// fetch reads key from Redis (see roundTrip): the value, and its time to
-// live when the policy needs it.
-//
-// A read with a loader (lease) is also a miss's lease: it reads with SET
-// key lease NX GET PX leaseTTL, which returns what the key holds and
-// writes nothing, or, where the key holds nothing, places the lease and
-// returns nil (rp.placed). So a miss costs this read and the store, two
-// round trips, and a hit the one command, as a GET. A node that refuses
-// the command (see setGetRefused) is read with a plain GET at once, in the
-// same budget, and for setGetBackoff after; its misses take their lease
-// by script.
-func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) reply {
-	rp := reply{left: -1}
-	if lease && c.canSetGet(ctx, key) {
-		rp.lease = c.newLease()
-	}
-	rp.err = c.roundTrip(ctx, "get", key, p, true, func(ctx context.Context) error {
-		err := c.read(ctx, key, p, &rp)
-		if rp.lease != "" && setGetRefused(err) {
-			c.refuseSetGet(ctx, key)
-			rp.lease = ""
-			err = c.read(ctx, key, p, &rp)
-		}
-		return err
-	})
-	if rp.lease != "" && rp.err == nil && rp.s == rp.lease {
-		// A try of this read that ran out of its budget while the node
-		// answered (roundTrip makes such a read again) placed the lease:
-		// it is this read's own.
-		rp.s, rp.err = "", redis.Nil
-	}
-	rp.placed = rp.lease != "" && rp.err == redis.Nil
-	if rp.err == nil && len(rp.s) > 0 && rp.s[0] == codec.HeaderExtended {
-		rps := []reply{rp}
-		c.checkGroups(ctx, rps)
-		rp = rps[0]
-	}
-	return rp
-}
-
-// read reads key into rp in one round trip: with PTTL when the policy
-// needs it, placing rp.lease where the key holds nothing when it is set.
-func (c *cache) read(ctx context.Context, key string, p *policy, rp *reply) (err error) {
-	var get *redis.StringCmd
-	if rp.lease != "" {
-		get = setGetCmd(ctx, key, rp.lease, c.leaseTTL())
-	} else {
-		get = redis.NewStringCmd(ctx, "get", key)
-	}
-	if !p.needsPTTL() {
-		_ = c.rdb.Process(ctx, get)
-		rp.s, err = get.Result()
-		return err
-	}
-	pipe, rd := c.nearPipeline(ctx, key, p, rp) // under TrackKeys, a tracked connection's (near_keys.go)
-	_ = pipe.Process(ctx, get)
-	pttl := pipe.PTTL(ctx, key)
-	rp.sent = time.Now()
-	_, _ = pipe.Exec(ctx) // each command carries its own error
-	if trackedEnd(rd, get, rp) {
-		return c.read(ctx, key, p, rp) // again, on the client
-	}
-	if rp.s, err = get.Result(); err == nil {
-		// Only with a value: where the read placed a lease, PTTL tells
-		// the lease's time, never a value's.
-		rp.left = ttlLeft(pttl)
-	}
-	return err
-}
-
-// ttlLeft turns a PTTL reply into a reply's left.
-func ttlLeft(pttl *redis.DurationCmd) time.Duration {
-	d, err := pttl.Result()
-	switch {
-	case err != nil:
-		return 0 // unknown: take it as expiring now, so that it is kept nowhere
-	case d == -1:
-		return -1 // no expiry
-	case d < 0:
-		return 0 // gone between the GET and the PTTL
-	}
-	return d
 }
 
 // decode turns a stored value into a result, written into r: the caller's
@@ -550,22 +510,40 @@ func (c *cache) count(p *policy, r *result, err error, shared bool) error {
 	// Gets is not counted here: it is the sum of the outcomes (snapshot).
 	switch {
 	case o == ReadStale:
-		inc(&p.stats.StaleServes)
+		atomic.AddUint64(&p.stats.StaleServes, 1)
 	case o == ReadMiss:
-		inc(&p.stats.Misses)
+		atomic.AddUint64(&p.stats.Misses, 1)
 	case o == ReadNotFound:
-		inc(&p.stats.NotFoundHits)
+		atomic.AddUint64(&p.stats.NotFoundHits, 1)
 	case o == ReadError:
-		inc(&p.stats.GetErrors)
+		atomic.AddUint64(&p.stats.GetErrors, 1)
 	case near:
-		inc(&p.stats.NearHits)
+		atomic.AddUint64(&p.stats.NearHits, 1)
 	default:
-		inc(&p.stats.Hits)
+		atomic.AddUint64(&p.stats.Hits, 1)
 	}
 	if c.obs != nil {
 		c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})
 	}
 	return err
+}
+
+// readOutcome is what a reader got, as Stats and the Observer count it:
+// the one classification of a read's result.
+func readOutcome(stale bool, from source, err error) ReadOutcome {
+	switch {
+	case err == nil && stale:
+		return ReadStale
+	case err == nil && from == fromLoader:
+		return ReadMiss
+	case err == nil:
+		return ReadHit
+	case errors.Is(err, ErrMiss):
+		return ReadMiss
+	case errors.Is(err, ErrNotFound):
+		return ReadNotFound
+	}
+	return ReadError
 }
 
 // value gives a caller the value of its result: its own copy when each

@@ -2,11 +2,16 @@ package packcache
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 )
 
@@ -99,7 +104,10 @@ func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeat
 // key is sent to the client as it is, through roundTrip, since a pipeline
 // of one command costs allocations and saves no round trip. (A load of one
 // key is a batch of one: its lease and its store are such commands.)
-func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
+//
+// ps, when not nil, holds the keys' policies, which the caller has
+// resolved already (ps[i] is key i's); nil: they are looked up.
+func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, ps []*policy, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
 	errs := make([]error, len(keys))
 	switch {
 	case len(keys) == 0:
@@ -109,7 +117,7 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, sin
 		// own bytes found in place, a dictionary's publication) or a
 		// "delete" changes nothing when made twice: made again if late.
 		repeatable := op == opSet || op == opDelete
-		errs[0] = c.roundTrip(ctx, op, keys[0], c.policy(keys[0]), repeatable, func(ctx context.Context) error {
+		errs[0] = c.roundTrip(ctx, op, keys[0], c.policyOf(keys, ps, 0), repeatable, func(ctx context.Context) error {
 			cmd := queue(ctx, c.rdb, 0, true)
 			if isNoScript(cmd.Err()) {
 				cmd = queue(ctx, c.rdb, 0, false)
@@ -150,12 +158,20 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, sin
 		o, err := judgeCall(ctx, bud, nb.Of(i), op, keys[i], cmd.Err())
 		nb.Saw(i, o)
 		if o == breaker.Failed || o == breaker.RefusedConn {
-			c.redisFailed(c.policy(keys[i]), nb.Of(i), err)
+			c.redisFailed(c.policyOf(keys, ps, i), nb.Of(i), err)
 		}
 		errs[i] = err
 	}
 	nb.Feed()
 	return errs
+}
+
+// policyOf is key i's policy: ps[i], or looked up when ps is nil.
+func (c *cache) policyOf(keys []string, ps []*policy, i int) *policy {
+	if ps != nil {
+		return ps[i]
+	}
+	return c.policy(keys[i])
 }
 
 // isNoScript reports a node's answer that it has not seen a script yet.
@@ -184,4 +200,271 @@ func circuitOpen(op, key string, b *breaker.Node) error {
 		return keyErr(op, key, &kindError{ErrRedis, &kindError{ErrCircuitOpen, cause}})
 	}
 	return keyErr(op, key, &kindError{ErrRedis, ErrCircuitOpen})
+}
+
+// The commands of a miss, in the order it sends them: the read of one
+// key, which places a miss's lease (fetch, read, and the lease's helpers),
+// and the guarded store of the loaded value (storeGuarded). The rest of
+// the leases' life is in lease.go (what they are) and loader.go (how a
+// load keeps them).
+
+// fetch reads key from Redis (see roundTrip): the value, and its time to
+// live when the policy needs it.
+//
+// A read with a loader (lease) is also a miss's lease: it reads with SET
+// key lease NX GET PX leaseTTL, which returns what the key holds and
+// writes nothing, or, where the key holds nothing, places the lease and
+// returns nil (rp.placed). So a miss costs this read and the store, two
+// round trips, and a hit the one command, as a GET. A node that refuses
+// the command (see setGetRefused) is read with a plain GET at once, in the
+// same budget, and for setGetBackoff after; its misses take their lease
+// by script.
+func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) reply {
+	rp := reply{left: -1}
+	if lease && c.canSetGet(ctx, key) {
+		rp.lease = c.newLease()
+	}
+	rp.err = c.roundTrip(ctx, "get", key, p, true, func(ctx context.Context) error {
+		err := c.read(ctx, key, p, &rp)
+		if rp.lease != "" && setGetRefused(err) {
+			c.refuseSetGet(ctx, key)
+			rp.lease = ""
+			err = c.read(ctx, key, p, &rp)
+		}
+		return err
+	})
+	if rp.lease != "" && rp.err == nil && rp.s == rp.lease {
+		// A try of this read that ran out of its budget while the node
+		// answered (roundTrip makes such a read again) placed the lease:
+		// it is this read's own.
+		rp.s, rp.err = "", redis.Nil
+	}
+	rp.placed = rp.lease != "" && rp.err == redis.Nil
+	if rp.err == nil && len(rp.s) > 0 && rp.s[0] == codec.HeaderExtended {
+		rps := []reply{rp}
+		c.checkGroups(ctx, rps)
+		rp = rps[0]
+	}
+	return rp
+}
+
+// read reads key into rp in one round trip: with PTTL when the policy
+// needs it, placing rp.lease where the key holds nothing when it is set.
+func (c *cache) read(ctx context.Context, key string, p *policy, rp *reply) (err error) {
+	var get *redis.StringCmd
+	if rp.lease != "" {
+		get = setGetCmd(ctx, key, rp.lease, c.leaseTTL())
+	} else {
+		get = redis.NewStringCmd(ctx, "get", key)
+	}
+	if !p.needsPTTL() {
+		_ = c.rdb.Process(ctx, get)
+		rp.s, err = get.Result()
+		return err
+	}
+	pipe, rd := c.nearPipeline(ctx, key, p, rp) // under TrackKeys, a tracked connection's (near_keys.go)
+	_ = pipe.Process(ctx, get)
+	pttl := pipe.PTTL(ctx, key)
+	rp.sent = time.Now()
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if trackedEnd(rd, get, rp) {
+		return c.read(ctx, key, p, rp) // again, on the client
+	}
+	if rp.s, err = get.Result(); err == nil {
+		// Only with a value: where the read placed a lease, PTTL tells
+		// the lease's time, never a value's.
+		rp.left = ttlLeft(pttl)
+	}
+	return err
+}
+
+// ttlLeft turns a PTTL reply into a reply's left.
+func ttlLeft(pttl *redis.DurationCmd) time.Duration {
+	d, err := pttl.Result()
+	switch {
+	case err != nil:
+		return 0 // unknown: take it as expiring now, so that it is kept nowhere
+	case d == -1:
+		return -1 // no expiry
+	case d < 0:
+		return 0 // gone between the GET and the PTTL
+	}
+	return d
+}
+
+// leaseTTL is how long a lease lives unless its holder extends it: three
+// Redis budgets, so that one extension that fails or waits out its whole
+// budget still leaves the lease a budget to live before the next.
+func (c *cache) leaseTTL() time.Duration { return 3 * c.redisTimeout }
+
+// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
+// and a counter, so that a read that may place a lease makes its token
+// with an atomic add, not a call to the system's random source, and a
+// cache knows its own leases by their tag.
+var leaseSeq atomic.Uint64
+
+// newLease returns a fresh lease value: the lease header byte and a
+// 16-byte token unique to this cache (its tag and a counter).
+func (c *cache) newLease() string {
+	var b [17]byte
+	b[0] = codec.HeaderLease
+	copy(b[1:9], c.leases.tag[:])
+	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
+	return string(b[:])
+}
+
+// setGetBackoff is how long a node that refused SET NX GET is read with
+// GET before it is tried again: it may have been under maxmemory, or
+// replaced by a newer server.
+const setGetBackoff = time.Second
+
+// setGetRefused reports whether err is a node's error reply to SET NX GET
+// that a plain GET would not get: a server older than 7.0 (a syntax
+// error), a write refused under maxmemory with noeviction (OOM), an ACL
+// that allows reads only (NOPERM), a read-only replica (READONLY). Replies
+// that say the node cannot serve at all (LOADING, CLUSTERDOWN, ...) are
+// failures, not refusals, and WRONGTYPE is the key's, not the node's.
+func setGetRefused(err error) bool {
+	if err == nil || err == redis.Nil {
+		return false // a hit or a miss: the common case, without errors.As
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	if strings.HasPrefix(re.Error(), "WRONGTYPE") {
+		return false // the key's own: a GET gets it too
+	}
+	return !breaker.Unavailable(re)
+}
+
+// canSetGet reports whether reads of key may place a lease with SET NX
+// GET: unless its node refused it within setGetBackoff. It costs one
+// atomic load while no node has.
+func (c *cache) canSetGet(ctx context.Context, key string) bool {
+	if !c.leases.any.Load() {
+		return true
+	}
+	v, ok := c.leases.noSetGet.Load(c.nodes.ForKey(ctx, key))
+	return !ok || time.Now().UnixNano() >= v.(int64)
+}
+
+// refuseSetGet notes that key's node refused SET NX GET.
+func (c *cache) refuseSetGet(ctx context.Context, key string) {
+	c.leases.noSetGet.Store(c.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
+	c.leases.any.Store(true)
+}
+
+// setGetCmd is SET key lease PX ttl NX GET: it returns what key holds and
+// writes nothing, or, where key holds nothing, places lease and returns
+// nil.
+func setGetCmd(ctx context.Context, key, lease string, ttl time.Duration) *redis.StringCmd {
+	return redis.NewStringCmd(ctx, "set", key, lease, "px", strconv.FormatInt(ttl.Milliseconds(), 10), "nx", "get")
+}
+
+// needsPTTL reports whether a read of a key under p must learn the time the
+// value has to live: to tell a stale value or one due for refresh, and to
+// cap a near-cache entry's life by it (Redis tells of an expiry only when
+// it gets round to deleting the key).
+func (p *policy) needsPTTL() bool {
+	return p.refreshAfter > 0 || p.staleFor > 0 || p.near != nil
+}
+
+// A pendingWrite is a guarded write of a load's value.
+type pendingWrite struct {
+	job    int // the load's job it stores for
+	key    string
+	p      *policy // key's
+	g      guard
+	stored []byte
+	ttl    time.Duration
+	enc    encoded
+	so     setOptions // what the loader chose for it (StoreWith)
+}
+
+// errSuperseded is a guarded write refused because the key was written
+// after the load began: the write won, as it must. It is not an error.
+var errSuperseded = errors.New("packcache: superseded by a later write")
+
+// storeGuarded makes guarded writes in one pipeline, and returns each
+// one's error: nil when it wrote, errSuperseded when its guard no longer
+// held, or a Redis failure.
+func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
+	keys := make([]string, len(writes))
+	ps := make([]*policy, len(writes))
+	for i, w := range writes {
+		keys[i], ps[i] = w.key, w.p
+	}
+	cmds := make([]*redis.Cmd, len(writes))
+	errs := c.roundTripMany(ctx, "set", keys, ps, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		w := writes[i]
+		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
+		return cmds[i]
+	})
+	for i, w := range writes {
+		if errs[i] != nil {
+			continue
+		}
+		p := w.p
+		if n, _ := cmds[i].Int(); n == 0 {
+			atomic.AddUint64(&p.stats.Superseded, 1)
+			errs[i] = errSuperseded
+			continue
+		}
+		atomic.AddUint64(&p.stats.Stores, 1)
+		c.changed(stored, w.key)
+	}
+	return errs
+}
+
+// storeScript writes ARGV[3] (for ARGV[4] ms; 0: no expiry) only if the
+// key holds the lease ARGV[2] (ARGV[1] = 'l') or a value whose SHA-1 is
+// ARGV[2] (ARGV[1] = 'd') and, if ARGV[5] is not negative, whose time to
+// live is at most ARGV[5] ms (a write in between would have set it
+// anew); or if the key holds exactly ARGV[3] already, whose time to live
+// it sets anew: so a store made again, after a first copy that ran but
+// whose reply came too late, does what the first one did. It returns 1
+// if it wrote, 0 if not.
+var storeScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if cur ~= ARGV[3] then
+  if ARGV[1] == 'l' then
+    if cur ~= ARGV[2] then return 0 end
+  elseif not cur or redis.sha1hex(cur) ~= ARGV[2] then
+    return 0
+  elseif tonumber(ARGV[5]) >= 0 and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[5]) then
+    return 0
+  end
+end
+if ARGV[4] == '0' then
+  redis.call('SET', KEYS[1], ARGV[3])
+else
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+end
+return 1`)
+
+// storeArgs are the arguments of storeScript for a guarded write.
+func storeArgs(g guard, stored []byte, ttl time.Duration) []any {
+	mode := "l"
+	if g.kind == guardDigest {
+		mode = "d"
+	}
+	ms := int64(0)
+	if ttl != Off {
+		ms = max(ttl.Milliseconds(), 1)
+	}
+	maxPTTL := int64(-1)
+	if g.kind == guardDigest {
+		maxPTTL = g.maxPTTL
+	}
+	return []any{mode, g.value, stored, ms, maxPTTL}
+}
+
+// runScript queues script on key in pipe (or runs it, on a client): as
+// EVALSHA, or as EVAL when sha is false (a node answered NOSCRIPT).
+func runScript(ctx context.Context, pipe redis.Cmdable, script *redis.Script, sha bool, key string, args ...any) *redis.Cmd {
+	if sha {
+		return script.EvalSha(ctx, pipe, []string{key}, args...)
+	}
+	return script.Eval(ctx, pipe, []string{key}, args...)
 }

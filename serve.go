@@ -41,7 +41,7 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		c.servedOne(p, serveFailure(w, r, key, err, c.onError, c.serveError), "", 0)
 		return
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	if p.near != nil && !p.near.edged.Load() {
 		p.near.edged.Store(true)
 	}

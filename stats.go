@@ -135,7 +135,7 @@ type CodecStats struct {
 }
 
 // counters are a policy's counts: the exported Counters themselves, each
-// uint64 changed only by inc (atomically) and read only by snapshot, so
+// uint64 changed only by atomic.AddUint64 and read only by snapshot, so
 // that a counter is declared once, where it is documented, and every list
 // of them (snapshot, add) follows the struct by reflection.
 //
@@ -145,9 +145,6 @@ type counters struct {
 	Counters
 	codecs [256]codecCounters
 }
-
-// inc adds one to the counter n points to.
-func inc(n *uint64) { atomic.AddUint64(n, 1) }
 
 // countFields are the indexes of Counters' uint64 fields.
 var countFields = func() []int {
@@ -163,13 +160,6 @@ var countFields = func() []int {
 
 type codecCounters struct {
 	values, bytesIn, bytesOut atomic.Uint64
-}
-
-func (c *counters) wrote(id byte, in, out int) {
-	cc := &c.codecs[id]
-	cc.values.Add(1)
-	cc.bytesIn.Add(uint64(in))
-	cc.bytesOut.Add(uint64(out))
 }
 
 func (c *counters) snapshot() Counters {

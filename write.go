@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/packcache/packcache/codec"
@@ -36,7 +38,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	if err := c.life.begin(opSet, key); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	p := c.policy(key)
 	so := setOptions{ttl: p.ttl}
 	for _, o := range opts {
@@ -72,7 +74,7 @@ func (c *cache) remove(ctx context.Context, keys ...string) error {
 	if err := c.life.begin(opDelete, keys[0]); err != nil {
 		return err
 	}
-	defer c.life.exit()
+	defer c.life.Exit()
 	defer c.changed(written, keys...)
 	if len(keys) == 1 {
 		return c.del(ctx, keys[0])
@@ -135,6 +137,22 @@ func (e *encoded) detach() {
 	e.release()
 }
 
+// maxPooled is the largest buffer kept for reuse: a rare huge value should
+// not pin its memory in the pool.
+const maxPooled = 8 << 20
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+func putBuf(b *[]byte) {
+	if cap(*b) > maxPooled {
+		return
+	}
+	*b = (*b)[:0]
+	bufPool.Put(b)
+}
+
 // encode serializes v and frames it with the policy: compressed when its
 // size is above the threshold and compression saves at least MinSaving
 // bytes, otherwise plain (verbatim for text serializers, behind the none
@@ -167,7 +185,7 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 		return e, keyErr(op, key, &kindError{ErrTooLarge, fmt.Errorf("too large to store: %d bytes serialized, over the limit of %d (WithMaxValueSize)", len(payload), c.maxSize)})
 	}
 	e.payload = payload
-	verbatim := (c.kind.raw || c.ser.Text()) && codec.Plain(payload)
+	verbatim := (c.kind.raw || c.text) && codec.Plain(payload)
 	plainLen := len(payload)
 	if !verbatim {
 		plainLen++
@@ -207,6 +225,13 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 	return e, nil
 }
 
+func (c *counters) wrote(id byte, in, out int) {
+	cc := &c.codecs[id]
+	cc.values.Add(1)
+	cc.bytesIn.Add(uint64(in))
+	cc.bytesOut.Add(uint64(out))
+}
+
 // expiry applies the policy's jitter and stale window to a TTL.
 func (c *cache) expiry(p *policy, ttl time.Duration) time.Duration {
 	if ttl == Off {
@@ -237,7 +262,73 @@ func (c *cache) set(ctx context.Context, key string, p *policy, stored []byte, t
 		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
 	})
 	if err == nil {
-		inc(&p.stats.Sets)
+		atomic.AddUint64(&p.stats.Sets, 1)
 	}
 	return err
+}
+
+// A change says how keys changed in Redis, which decides what of this
+// process's work on them may no longer be handed to later callers.
+type change uint8
+
+const (
+	// written: by this process's Set, SetMany or Delete. Every read and
+	// load of the keys under way is detached from later callers, so that
+	// a Get that starts after the write returns sees it.
+	written change = iota
+	// stored: by a load of this process, whose guarded store succeeded.
+	// Only the reads without a loader are detached: one may have found
+	// the key missing, which later callers must not be given. Reads with
+	// a loader that found it missing share the very load that stored, and
+	// that load's value is the one now in Redis.
+	stored
+	// invalidated: by anyone, as Redis's invalidation stream says (see
+	// internal/tracking), so that a Get after the invalidation reads
+	// afresh, as after a write of this process. Loads are not detached:
+	// their stores are guarded in Redis against any other write (see the
+	// comment on writes in write.go), and the stream also reports this
+	// process's own leases and stores, which must not detach the load that
+	// made them.
+	invalidated
+	// flushed: any key, by anyone (FLUSHALL, FLUSHDB, a Cluster's masters
+	// changing, or an invalidation connection that dropped or subscribed
+	// again: what was written meanwhile is unknown). The keys are not
+	// given: every near cache is emptied, and every read detached.
+	flushed
+)
+
+// changed is the one place a change of keys in Redis reaches this
+// process: every path that learns of one (its own writes, its loads'
+// stores, the invalidation stream) calls it. It removes the keys from
+// the near caches and bumps their marks, so that no read begun before
+// the change puts its value there afterwards, and detaches from later
+// callers the work on them that how says may no longer be shared.
+func (c *cache) changed(how change, keys ...string) {
+	if how == flushed {
+		c.marks.touchAll()
+		for _, n := range c.nears {
+			n.entries.InvalidateAll()
+		}
+		// As for an invalidation of every key: no read begun before is
+		// shared after it.
+		c.lookups.ForgetAll()
+		c.reads.ForgetAll()
+		return
+	}
+	for _, k := range keys {
+		if c.nears != nil {
+			c.marks.touch(k)
+			if n := c.policy(k).near; n != nil {
+				n.entries.Invalidate(k)
+			}
+		}
+		c.lookups.Forget(k)
+		if how == stored {
+			continue
+		}
+		c.reads.Forget(k)
+		if how == written {
+			c.loads.Forget(k)
+		}
+	}
 }

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/packcache/packcache/internal/life"
 )
 
 // ErrGoexit is what callers get when a shared function calls
@@ -28,8 +30,9 @@ var ErrGoexit = errors.New("packcache: loader called runtime.Goexit")
 //   - every caller, the first included, waits under its own context and
 //     can leave when it ends, while the read goes on for the others;
 //   - the read runs detached from the first caller's cancellation, on a
-//     goroutine of its own (or on the first caller's, when its context
-//     cannot end, or when the cache is closing);
+//     goroutine of its own, registered with the cache's life (or on the
+//     first caller's, when its context cannot end, or once Close has
+//     begun);
 //   - which callers may share a read is the share window's rule (below):
 //     within the window of the moment the read began, never
 //     past the value's expiry;
@@ -43,19 +46,21 @@ type Group[V Shareable, A Work[V]] struct {
 	m  map[string]*Call[V] // the latest call of each key
 	share[V]
 
-	// life, if set, is asked before a read starts on a goroutine of its
-	// own (false: the cache is closing, and the read runs on the
-	// caller's), and told when such a goroutine ends.
-	life Spawner
 	// panicked makes the error of a read that panicked.
 	panicked Panicked
+
+	// life, if set, registers the reads that run on goroutines of their
+	// own, so that the cache's Close waits for them; once Close has
+	// begun, it refuses them, and reads run on their callers'
+	// goroutines.
+	life *life.Life
 }
 
 // Init sets g's share window, the life its goroutines register with (nil:
 // none), and the error of work that panics. It is called before g is
 // used.
-func (g *Group[V, A]) Init(window time.Duration, life Spawner, panicked Panicked) {
-	g.window, g.life, g.panicked = int64(window), life, panicked
+func (g *Group[V, A]) Init(window time.Duration, l *life.Life, panicked Panicked) {
+	g.window, g.life, g.panicked = int64(window), l, panicked
 }
 
 // A Work is what a group shares: a read of one key.
@@ -67,13 +72,6 @@ type Work[V any] interface {
 	// under way. An error it returns is the caller's result: it catches a
 	// loader waiting for its own load.
 	Joining(ctx context.Context, key string, running bool) error
-}
-
-// A Spawner registers goroutines with the cache's life, so that Close
-// waits for them.
-type Spawner interface {
-	TrySpawn() bool
-	Exit()
 }
 
 // A Call is one unit of shared work. finished, done and the fields of

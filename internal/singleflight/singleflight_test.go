@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/packcache/packcache/internal/life"
 )
 
 type testGroup = Group[ival, fnWork]
@@ -384,4 +386,48 @@ func TestForgetVsFinishHotSlot(t *testing.T) {
 	if hc, ok := g.LookHot("k", time.Now().UnixNano()); ok {
 		t.Fatalf("after forget returned, lookHot still serves the call read before the write (val %d, detached %v)", hc.val, hc.detached.Load())
 	}
+}
+
+// TestGroupRegistersReads: a read on a goroutine of its own is registered
+// with the group's life until it ends, so that the cache's Close waits
+// for it; once Close has begun, a read runs on its caller's goroutine,
+// unregistered.
+func TestGroupRegistersReads(t *testing.T) {
+	var l life.Life
+	l.Init()
+	g := &testGroup{}
+	g.Init(0, &l, panicked)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		do(g, ctx, "a", func(context.Context) (int, error) {
+			close(started)
+			<-release
+			return 1, nil
+		})
+	}()
+	<-started
+	if n := l.Running(); n != 1 {
+		t.Fatalf("Running = %d with one read on a goroutine of its own, want 1", n)
+	}
+	idle := l.Close()
+	select {
+	case <-idle:
+		t.Fatal("the life is idle while a read runs")
+	default:
+	}
+	var during int64 = -1
+	v, err, _ := do(g, ctx, "b", func(context.Context) (int, error) {
+		during = l.Running()
+		return 2, nil
+	})
+	if v != 2 || err != nil || during != 1 {
+		t.Fatalf("a read after Close: %v, %v, with Running %d during it; want 2, nil, 1 (on the caller's goroutine)", v, err, during)
+	}
+	close(release)
+	<-idle
+	<-done
 }
