@@ -296,7 +296,7 @@ func TestStrictStoreFailureAllCalls(t *testing.T) {
 			t.Helper()
 			s.Resume(t)
 			if strict && !errors.Is(err, packcache.ErrRedis) {
-				t.Errorf("strict %s: %+v, %v; want ErrRedis", call, v, err)
+				t.Errorf("strict %s: %+v, %v; want ErrRedis; stats %+v", call, v, err, c.Stats())
 			}
 			if !strict && (err != nil || v.ID != "loaded") {
 				t.Errorf("%s: %+v, %v; want the loaded value", call, v, err)
