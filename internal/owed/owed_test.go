@@ -208,7 +208,9 @@ func TestWriteOwes(t *testing.T) {
 		// At once: in the rounds sent before any time passes. (The
 		// retrier wakes when a is owed, and may send a round before b is:
 		// then b goes in the next, at the same instant.)
-		has := func(k string) func([]string) bool { return func(keys []string) bool { return slices.Contains(keys, k) } }
+		has := func(k string) func([]string) bool {
+			return func(keys []string) bool { return slices.Contains(keys, k) }
+		}
 		if got := f.sent(); !slices.ContainsFunc(got, has("a")) || !slices.ContainsFunc(got, has("b")) {
 			t.Fatalf("Invalidate calls %v right after the failure, want a and b retried at once", got)
 		}
