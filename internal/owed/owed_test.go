@@ -452,9 +452,3 @@ func (s *redisStore) Invalidate(ctx context.Context, keys, keeps []string) []err
 	}
 	return errs
 }
-
-func sorted(s []string) []string {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s
-}
