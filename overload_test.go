@@ -389,9 +389,13 @@ func TestRecommendedSettingsUnderSurge(t *testing.T) {
 	redistest.Saturate(t, 4)
 	var wg sync.WaitGroup
 	var wrong atomic.Int64
+	// 5 Gets each under PACKCACHE_LONG=1 (the figure, as CI's
+	// busy-machine step runs it); 2 otherwise: the first are the surge on
+	// the cold pool.
+	gets := sized(2, 5)
 	for g := range 2000 {
 		wg.Go(func() {
-			for i := range 5 {
+			for i := range gets {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				if v, err := c.Get(ctx, fmt.Sprintf("recommended:%d:%d", g, i)); err != nil || v != "loaded" {
 					wrong.Add(1)
@@ -412,11 +416,11 @@ func TestRecommendedSettingsUnderSurge(t *testing.T) {
 	// the store then refuses to write over what may be a Delete made
 	// meanwhile (Superseded). That costs a load more, never a wrong value;
 	// any other store that fails is a failure here.
-	if st.Stores+st.Superseded != 10000 || st.Unstored != 0 || st.Stores == 0 {
-		t.Fatalf("%d stores and %d superseded, want 10000 in all; %d unstored, want 0 (%+v)", st.Stores, st.Superseded, st.Unstored, st.Counters)
+	if st.Stores+st.Superseded != uint64(2000*gets) || st.Unstored != 0 || st.Stores == 0 {
+		t.Fatalf("%d stores and %d superseded, want %d in all; %d unstored, want 0 (%+v)", st.Stores, st.Superseded, 2000*gets, st.Unstored, st.Counters)
 	}
 	if st.Superseded != 0 {
-		t.Logf("%d of 10,000 leases died before their store, on a starved process (Superseded)", st.Superseded)
+		t.Logf("%d of %d leases died before their store, on a starved process (Superseded)", st.Superseded, 2000*gets)
 	}
 }
 
