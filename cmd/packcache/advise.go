@@ -788,28 +788,29 @@ func reason(best *result, results []*result, o adviseOptions) string {
 	return s.String()
 }
 
-func aboveCell(r *result) string {
-	switch {
-	case r.choice.c.ID() == codec.HeaderNone:
-		return "-"
-	case r.Above < 0:
-		return "off"
-	case r.Above == 0:
-		return "0 (all)"
+// sizeCells returns r's break-even and threshold cells: "-" for none,
+// which compresses nothing.
+func sizeCells(r *result) (breakEven, above string) {
+	if r.choice.c.ID() == codec.HeaderNone {
+		return "-", "-"
 	}
-	return bytesIEC(float64(r.Above))
-}
-
-func breakEvenCell(r *result) string {
 	switch {
-	case r.choice.c.ID() == codec.HeaderNone:
-		return "-"
 	case r.BreakEven < 0:
-		return "never"
+		breakEven = "never"
 	case r.EveryValue:
-		return "< " + bytesIEC(float64(r.BreakEven))
+		breakEven = "< " + bytesIEC(float64(r.BreakEven))
+	default:
+		breakEven = bytesIEC(float64(r.BreakEven))
 	}
-	return bytesIEC(float64(r.BreakEven))
+	switch {
+	case r.Above < 0:
+		above = "off"
+	case r.Above == 0:
+		above = "0 (all)"
+	default:
+		above = bytesIEC(float64(r.Above))
+	}
+	return breakEven, above
 }
 
 func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
@@ -847,8 +848,9 @@ func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
 			}
 			return fmt.Sprintf("%.0f", v)
 		}
+		breakEven, above := sizeCells(r)
 		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t\n", mark, r.Codec, r.Ratio, speed(r.EncMBs), speed(r.DecMBs),
-			breakEvenCell(r), aboveCell(r), bytesIEC(r.Memory), r.GetUs, r.SetUs)
+			breakEven, above, bytesIEC(r.Memory), r.GetUs, r.SetUs)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n  ratio: stored/plain bytes of the sample with every value compressed;\n")
