@@ -112,9 +112,8 @@ writes, it needs its server named (--addr, --url, $PACKCACHE_ADDR or $PACKCACHE_
 	fs.StringVar(&o.chart, "chart", "", "write an SVG chart of ratio and speed against value size to this `file`")
 	fs.Float64Var(&o.maxGetUs, "max-get-us", 0, "most CPU, in µs, a recommended codec may add to a Get at about the median size, the Get µs column (0: 100 µs, or the median value's size at 1 GB/s if longer)")
 	fs.Float64Var(&o.maxSetUs, "max-set-us", 0, "most CPU, in µs, a recommended codec may add to a Set at about the median size, the Set µs column (0: 200 µs, or the median value's size at 100 MB/s if longer)")
-	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
+	o.scanFlags.register(cmd, 1000)
 	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
-	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
 	fs.BoolVar(&o.train, "train", false, "train a zstd dictionary on the sampled values, and advise with it too")
 	fs.IntVar(&o.dictSize, "dict-size", 4<<10, "largest dictionary --train may write, in bytes (256 to 131072)")
 	fs.StringVar(&o.dictOut, "dictionary-out", "", "`file` --train writes the dictionary to (default ID.dict)")
@@ -124,19 +123,17 @@ writes, it needs its server named (--addr, --url, $PACKCACHE_ADDR or $PACKCACHE_
 }
 
 type adviseOptions struct {
-	prefix       string
-	sample       int
-	chart        string
-	maxGetUs     float64
-	maxSetUs     float64
-	count        int64
-	asJSON       bool
-	progressFlag bool
-	progress     bool
-	train        bool
-	dictSize     int
-	dictOut      string
-	publish      bool
+	scanFlags
+	prefix   string
+	sample   int
+	chart    string
+	maxGetUs float64
+	maxSetUs float64
+	asJSON   bool
+	train    bool
+	dictSize int
+	dictOut  string
+	publish  bool
 }
 
 // candidates are the codecs and levels advise measures.
@@ -238,7 +235,7 @@ type adviceReport struct {
 }
 
 func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Writer) error {
-	groups, err := collectStats(ctx, c, statsOptions{prefixes: []string{o.prefix}, sample: o.sample, count: o.count, progress: o.progress}, stderr)
+	groups, err := collectStats(ctx, c, statsOptions{prefixes: []string{o.prefix}, sample: o.sample, scanFlags: o.scanFlags}, stderr)
 	if err != nil {
 		return err
 	}
