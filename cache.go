@@ -438,24 +438,22 @@ func valueOf[T any](v any) T {
 
 // valuesOf is a map of *T from the core as a map of T.
 func valuesOf[T any](m map[string]any) map[string]T {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]T, len(m))
-	for k, v := range m {
-		out[k] = valueOf[T](v)
-	}
-	return out
+	return mapValues(m, valueOf[T])
 }
 
 // pointersTo is a map of T as the core takes it: a map of *T.
 func pointersTo[T any](m map[string]T) map[string]any {
+	return mapValues(m, func(v T) any { return &v })
+}
+
+// mapValues is m with f applied to each value; nil if m is nil.
+func mapValues[V, W any](m map[string]V, f func(V) W) map[string]W {
 	if m == nil {
 		return nil
 	}
-	out := make(map[string]any, len(m))
+	out := make(map[string]W, len(m))
 	for k, v := range m {
-		out[k] = &v
+		out[k] = f(v)
 	}
 	return out
 }

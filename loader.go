@@ -85,13 +85,7 @@ func (f LoaderFunc[T]) Load(ctx context.Context, key string) (T, error) { return
 // WithLoader makes Get read through l for keys whose prefix's Policy has no
 // Loader of its own. l must be a Loader of the cache's T, or New fails.
 func WithLoader[T any](l Loader[T]) Option {
-	return func(cfg *config) error {
-		if l == nil {
-			return errors.New("WithLoader: nil loader")
-		}
-		cfg.base.Loader = l
-		return nil
-	}
+	return nonNil("WithLoader", "loader", l == nil, func(cfg *config) { cfg.base.Loader = l })
 }
 
 // loading marks a load's context with the keys it loads, to catch a

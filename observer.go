@@ -1,7 +1,6 @@
 package packcache
 
 import (
-	"errors"
 	"sync/atomic"
 	"time"
 
@@ -119,13 +118,7 @@ type RedisEvent struct {
 
 // WithObserver makes the cache tell o what it does; see Observer.
 func WithObserver(o Observer) Option {
-	return func(cfg *config) error {
-		if o == nil {
-			return errors.New("WithObserver: nil observer")
-		}
-		cfg.observer = o
-		return nil
-	}
+	return nonNil("WithObserver", "observer", o == nil, func(cfg *config) { cfg.observer = o })
 }
 
 // redisFailed counts a failed Redis operation on key's prefix and tells the

@@ -2,7 +2,6 @@ package packcache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"sort"
@@ -201,13 +200,7 @@ func defaultConfig() config {
 // written with; the default is codec.Zstd. Readers decode every registered
 // codec whatever this says. It is Policy.Codec of the cache's own policy.
 func WithCodec(c codec.Codec) Option {
-	return func(cfg *config) error {
-		if c == nil {
-			return errors.New("WithCodec: nil codec")
-		}
-		cfg.base.Codec = c
-		return nil
-	}
+	return nonNil("WithCodec", "codec", c == nil, func(cfg *config) { cfg.base.Codec = c })
 }
 
 // WithCompressAbove sets the serialized size in bytes above which values
@@ -240,17 +233,23 @@ func (cfg *config) setBase(what string, p Policy) error {
 	return nil
 }
 
+// nonNil is the Option that calls set, unless isNil: an Option that takes
+// an interface refuses nil, failing with "option: nil what".
+func nonNil(option, what string, isNil bool, set func(*config)) Option {
+	return func(cfg *config) error {
+		if isNil {
+			return fmt.Errorf("%s: nil %s", option, what)
+		}
+		set(cfg)
+		return nil
+	}
+}
+
 // WithSerializer sets how values are turned into bytes; the default is
 // JSON. It has no effect when T is []byte or json.RawMessage: those are
 // stored as they are.
 func WithSerializer(s Serializer) Option {
-	return func(cfg *config) error {
-		if s == nil {
-			return errors.New("WithSerializer: nil serializer")
-		}
-		cfg.serializer = s
-		return nil
-	}
+	return nonNil("WithSerializer", "serializer", s == nil, func(cfg *config) { cfg.serializer = s })
 }
 
 // WithMaxValueSize sets the largest serialized value, in bytes, the cache

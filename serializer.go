@@ -2,8 +2,6 @@ package packcache
 
 import (
 	"bytes"
-	"encoding/gob"
-	"encoding/json"
 
 	gojson "github.com/goccy/go-json"
 )
@@ -36,35 +34,7 @@ type Serializer interface {
 // encoding/json's in insignificant ways (such as escaping).
 var JSON Serializer = goJSONSerializer{}
 
-// jsonSerializer is a Serializer using encoding/json; the tests check that
-// JSON reads what it writes. An application that relies on encoding/json's
-// exact behaviour writes one like it: a Serializer is four lines.
-type jsonSerializer struct{}
-
-func (jsonSerializer) Marshal(dst []byte, v any) ([]byte, error) {
-	w := appendWriter{dst}
-	enc := json.NewEncoder(&w)
-	if err := enc.Encode(v); err != nil {
-		return dst, err
-	}
-	// Encoder.Encode writes into dst directly, sparing the copy that
-	// json.Marshal makes, but ends the value with a newline Marshal does not.
-	return w.b[:len(w.b)-1], nil
-}
-
-func (jsonSerializer) Unmarshal(data []byte, v any) error {
-	// JSON text may begin with a UTF-8 byte-order mark (RFC 8259 lets a
-	// parser ignore it), and other writers leave one; encoding/json does
-	// not skip it.
-	return json.Unmarshal(bytes.TrimPrefix(data, bom), v)
-}
-
 var bom = []byte("\xef\xbb\xbf")
-
-func (jsonSerializer) Text() bool { return true }
-
-// ContentType names JSON's media type for Serve.
-func (jsonSerializer) ContentType() string { return "application/json" }
 
 type goJSONSerializer struct{}
 
@@ -73,12 +43,14 @@ func (goJSONSerializer) Marshal(dst []byte, v any) ([]byte, error) {
 	if err := gojson.NewEncoder(&w).Encode(v); err != nil {
 		return dst, err
 	}
-	return w.b[:len(w.b)-1], nil // less Encode's newline, as in jsonSerializer
+	return w.b[:len(w.b)-1], nil // less the newline Encode ends the value with
 }
 
 func (goJSONSerializer) Unmarshal(data []byte, v any) error {
-	// go-json copies data before decoding, so the value keeps no reference
-	// to the cache's buffer.
+	// JSON text may begin with a UTF-8 byte-order mark (RFC 8259 lets a
+	// parser ignore it), and other writers leave one: skip it. go-json
+	// copies data before decoding, so the value keeps no reference to the
+	// cache's buffer.
 	return gojson.Unmarshal(bytes.TrimPrefix(data, bom), v)
 }
 
@@ -86,23 +58,6 @@ func (goJSONSerializer) Text() bool { return true }
 
 // ContentType names JSON's media type for Serve.
 func (goJSONSerializer) ContentType() string { return "application/json" }
-
-// gobSerializer is a Serializer using encoding/gob, the tests' example of
-// a binary format: every value it writes carries a header.
-type gobSerializer struct{}
-
-func (gobSerializer) Marshal(dst []byte, v any) ([]byte, error) {
-	w := appendWriter{dst}
-	if err := gob.NewEncoder(&w).Encode(v); err != nil {
-		return dst, err
-	}
-	return w.b, nil
-}
-
-func (gobSerializer) Unmarshal(data []byte, v any) error {
-	return gob.NewDecoder(bytes.NewReader(data)).Decode(v)
-}
-func (gobSerializer) Text() bool { return false }
 
 // appendWriter is an io.Writer that appends to a slice.
 type appendWriter struct{ b []byte }

@@ -140,7 +140,7 @@ var decoders sync.Pool // *decoder
 type decoder struct {
 	r    *brotlilib.Reader
 	head [1]byte
-	src  splitReader
+	src  codec.HeadReader // head, the stream's first byte rewritten, then the rest
 }
 
 // maxPooledWindow is the largest window whose Reader goes back to the
@@ -168,7 +168,7 @@ func (*Codec) Decode(dst, src []byte, limit int) (out []byte, err error) {
 	}
 	var window int
 	d.head[0], window = shrinkWindow(src[0], limit)
-	d.src = splitReader{a: d.head[:], b: src[1:]}
+	d.src = codec.HeadReader{Head: d.head[:], Rest: src[1:]}
 	start := len(dst)
 	pool := window <= maxPooledWindow
 	defer func() {
@@ -179,7 +179,7 @@ func (*Codec) Decode(dst, src []byte, limit int) (out []byte, err error) {
 			out, err = dst[:start], corruptf("decoder panicked: %v", p)
 			pool = false
 		}
-		d.src = splitReader{}
+		d.src = codec.HeadReader{}
 		if pool {
 			_ = d.r.Reset(nil) // drop the reference to src
 			decoders.Put(d)
@@ -242,24 +242,6 @@ func shrinkWindow(b byte, limit int) (byte, int) {
 
 func corruptf(format string, args ...any) error {
 	return fmt.Errorf("codec brotli: %w: %s", codec.ErrCorrupt, fmt.Sprintf(format, args...))
-}
-
-// splitReader reads a, then b: the stream with its first byte rewritten,
-// without copying the rest.
-type splitReader struct {
-	a, b []byte
-}
-
-func (r *splitReader) Read(p []byte) (int, error) {
-	if len(r.a) == 0 {
-		r.a, r.b = r.b, nil
-		if len(r.a) == 0 {
-			return 0, io.EOF
-		}
-	}
-	n := copy(p, r.a)
-	r.a = r.a[n:]
-	return n, nil
 }
 
 // appendWriter is an io.Writer that appends to a slice.

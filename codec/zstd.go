@@ -257,7 +257,7 @@ var zstdStreams sync.Pool // *zstdStream
 type zstdStream struct {
 	dec  *zstd.Decoder
 	head [18]byte // the largest frame header: magic, descriptor, window, dictionary ID, size
-	r    splitReader
+	r    HeadReader
 }
 
 // maxPooledZstdWindow is the largest window whose decoder goes back to the
@@ -397,7 +397,7 @@ func decodeZstdStream(dst, src []byte, limit int, h *zstd.Header, most uint64) (
 		s.head[5] = wd
 		window = zstdWindowSize(wd)
 	}
-	s.r = splitReader{a: s.head[:n], b: src[h.HeaderSize:]}
+	s.r = HeadReader{Head: s.head[:n], Rest: src[h.HeaderSize:]}
 
 	var err error
 	if err = s.dec.Reset(&s.r); err == nil {
@@ -406,7 +406,7 @@ func decodeZstdStream(dst, src []byte, limit int, h *zstd.Header, most uint64) (
 	}
 	// Drop the references to src before pooling.
 	_ = s.dec.Reset(nil)
-	s.r = splitReader{}
+	s.r = HeadReader{}
 	if window <= maxPooledZstdWindow {
 		zstdStreams.Put(s)
 	}
@@ -491,22 +491,4 @@ func zstdWindowDescriptor(size uint64) byte {
 func zstdWindowSize(wd byte) uint64 {
 	base := uint64(1) << (10 + wd>>3)
 	return base + base/8*uint64(wd&7)
-}
-
-// splitReader reads a, then b. It lets the stream decoder read a frame
-// whose header was rewritten without copying the rest of the frame.
-type splitReader struct {
-	a, b []byte
-}
-
-func (r *splitReader) Read(p []byte) (int, error) {
-	if len(r.a) == 0 {
-		r.a, r.b = r.b, nil
-		if len(r.a) == 0 {
-			return 0, io.EOF
-		}
-	}
-	n := copy(p, r.a)
-	r.a = r.a[n:]
-	return n, nil
 }

@@ -112,9 +112,8 @@ writes, it needs its server named (--addr, --url, $PACKCACHE_ADDR or $PACKCACHE_
 	fs.StringVar(&o.chart, "chart", "", "write an SVG chart of ratio and speed against value size to this `file`")
 	fs.Float64Var(&o.maxGetUs, "max-get-us", 0, "most CPU, in µs, a recommended codec may add to a Get at about the median size, the Get µs column (0: 100 µs, or the median value's size at 1 GB/s if longer)")
 	fs.Float64Var(&o.maxSetUs, "max-set-us", 0, "most CPU, in µs, a recommended codec may add to a Set at about the median size, the Set µs column (0: 200 µs, or the median value's size at 100 MB/s if longer)")
-	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
+	o.scanFlags.register(cmd, 1000)
 	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
-	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
 	fs.BoolVar(&o.train, "train", false, "train a zstd dictionary on the sampled values, and advise with it too")
 	fs.IntVar(&o.dictSize, "dict-size", 4<<10, "largest dictionary --train may write, in bytes (256 to 131072)")
 	fs.StringVar(&o.dictOut, "dictionary-out", "", "`file` --train writes the dictionary to (default ID.dict)")
@@ -124,19 +123,17 @@ writes, it needs its server named (--addr, --url, $PACKCACHE_ADDR or $PACKCACHE_
 }
 
 type adviseOptions struct {
-	prefix       string
-	sample       int
-	chart        string
-	maxGetUs     float64
-	maxSetUs     float64
-	count        int64
-	asJSON       bool
-	progressFlag bool
-	progress     bool
-	train        bool
-	dictSize     int
-	dictOut      string
-	publish      bool
+	scanFlags
+	prefix   string
+	sample   int
+	chart    string
+	maxGetUs float64
+	maxSetUs float64
+	asJSON   bool
+	train    bool
+	dictSize int
+	dictOut  string
+	publish  bool
 }
 
 // candidates are the codecs and levels advise measures.
@@ -238,7 +235,7 @@ type adviceReport struct {
 }
 
 func advise(ctx context.Context, c *conn, o adviseOptions, stdout, stderr io.Writer) error {
-	groups, err := collectStats(ctx, c, statsOptions{prefixes: []string{o.prefix}, sample: o.sample, count: o.count, progress: o.progress}, stderr)
+	groups, err := collectStats(ctx, c, statsOptions{prefixes: []string{o.prefix}, sample: o.sample, scanFlags: o.scanFlags}, stderr)
 	if err != nil {
 		return err
 	}
@@ -788,28 +785,29 @@ func reason(best *result, results []*result, o adviseOptions) string {
 	return s.String()
 }
 
-func aboveCell(r *result) string {
-	switch {
-	case r.choice.c.ID() == codec.HeaderNone:
-		return "-"
-	case r.Above < 0:
-		return "off"
-	case r.Above == 0:
-		return "0 (all)"
+// sizeCells returns r's break-even and threshold cells: "-" for none,
+// which compresses nothing.
+func sizeCells(r *result) (breakEven, above string) {
+	if r.choice.c.ID() == codec.HeaderNone {
+		return "-", "-"
 	}
-	return bytesIEC(float64(r.Above))
-}
-
-func breakEvenCell(r *result) string {
 	switch {
-	case r.choice.c.ID() == codec.HeaderNone:
-		return "-"
 	case r.BreakEven < 0:
-		return "never"
+		breakEven = "never"
 	case r.EveryValue:
-		return "< " + bytesIEC(float64(r.BreakEven))
+		breakEven = "< " + bytesIEC(float64(r.BreakEven))
+	default:
+		breakEven = bytesIEC(float64(r.BreakEven))
 	}
-	return bytesIEC(float64(r.BreakEven))
+	switch {
+	case r.Above < 0:
+		above = "off"
+	case r.Above == 0:
+		above = "0 (all)"
+	default:
+		above = bytesIEC(float64(r.Above))
+	}
+	return breakEven, above
 }
 
 func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
@@ -847,8 +845,9 @@ func printAdvice(w io.Writer, rep *adviceReport, g *group, sizes []int64) {
 			}
 			return fmt.Sprintf("%.0f", v)
 		}
+		breakEven, above := sizeCells(r)
 		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t\n", mark, r.Codec, r.Ratio, speed(r.EncMBs), speed(r.DecMBs),
-			breakEvenCell(r), aboveCell(r), bytesIEC(r.Memory), r.GetUs, r.SetUs)
+			breakEven, above, bytesIEC(r.Memory), r.GetUs, r.SetUs)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n  ratio: stored/plain bytes of the sample with every value compressed;\n")

@@ -171,11 +171,7 @@ func (f *connFlags) connect(ctx context.Context, writer string, stderr io.Writer
 		if len(o.Addrs) == 0 {
 			o.Addrs = []string{defaultAddr}
 		}
-		setAuth(&o.Username, &o.Password, f.user, password)
-		o.TLSConfig = mergeTLS(o.TLSConfig, tlsConf)
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = f.timeout, f.timeout, f.timeout
-		o.ContextTimeoutEnabled = true
-		o.ClientName = "packcache-cli"
+		f.set(clientFields{&o.Username, &o.Password, nil, &o.TLSConfig, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.ContextTimeoutEnabled, &o.ClientName}, password, tlsConf)
 		c.cluster = redis.NewClusterClient(o)
 		c.rdb = c.cluster
 	case f.sentinelMaster != "":
@@ -189,15 +185,8 @@ func (f *connFlags) connect(ctx context.Context, writer string, stderr io.Writer
 		if len(o.SentinelAddrs) == 0 {
 			return nil, usagef("--sentinel-master needs the Sentinels' addresses: --addr host:26379")
 		}
-		setAuth(&o.Username, &o.Password, f.user, password)
 		setAuth(&o.SentinelUsername, &o.SentinelPassword, f.sentinelUser, f.sentinelPass)
-		if f.db != 0 {
-			o.DB = f.db
-		}
-		o.TLSConfig = mergeTLS(o.TLSConfig, tlsConf)
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = f.timeout, f.timeout, f.timeout
-		o.ContextTimeoutEnabled = true
-		o.ClientName = "packcache-cli"
+		f.set(clientFields{&o.Username, &o.Password, &o.DB, &o.TLSConfig, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.ContextTimeoutEnabled, &o.ClientName}, password, tlsConf)
 		c.rdb = redis.NewFailoverClient(o)
 	default:
 		if len(f.addrs) > 1 {
@@ -212,14 +201,7 @@ func (f *connFlags) connect(ctx context.Context, writer string, stderr io.Writer
 				return nil, usagef("--url: %v", err)
 			}
 		}
-		setAuth(&o.Username, &o.Password, f.user, password)
-		if f.db != 0 {
-			o.DB = f.db
-		}
-		o.TLSConfig = mergeTLS(o.TLSConfig, tlsConf)
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = f.timeout, f.timeout, f.timeout
-		o.ContextTimeoutEnabled = true
-		o.ClientName = "packcache-cli"
+		f.set(clientFields{&o.Username, &o.Password, &o.DB, &o.TLSConfig, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.ContextTimeoutEnabled, &o.ClientName}, password, tlsConf)
 		c.rdb = redis.NewClient(o)
 	}
 	io.WriteString(stderr, note)
@@ -228,6 +210,34 @@ func (f *connFlags) connect(ctx context.Context, writer string, stderr io.Writer
 		return nil, err
 	}
 	return c, nil
+}
+
+// clientFields points at the fields of one kind of go-redis options
+// (redis.Options, redis.ClusterOptions or redis.FailoverOptions) that the
+// flags set alike for every kind.
+type clientFields struct {
+	user, password    *string
+	db                *int // nil for a cluster, which has only database 0
+	tls               **tls.Config
+	dial, read, write *time.Duration
+	contextTimeout    *bool
+	name              *string
+}
+
+// set sets the fields from the flags, over what a URL said: the user, the
+// password (password, the flag's or $REDISCLI_AUTH) and the database where
+// the flags give them, the TLS settings tlsConf laid over the URL's, and
+// the timeouts; and it enables the context's deadlines and names the
+// client, as for every client of this command.
+func (f *connFlags) set(c clientFields, password string, tlsConf *tls.Config) {
+	setAuth(c.user, c.password, f.user, password)
+	if c.db != nil && f.db != 0 {
+		*c.db = f.db
+	}
+	*c.tls = mergeTLS(*c.tls, tlsConf)
+	*c.dial, *c.read, *c.write = f.timeout, f.timeout, f.timeout
+	*c.contextTimeout = true
+	*c.name = "packcache-cli"
 }
 
 // setAuth sets user and password where the flags give them, keeping what a

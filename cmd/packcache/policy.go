@@ -25,39 +25,46 @@ func (ch choice) withDictionary(d *codec.Dictionary) choice {
 	return ch
 }
 
+// unleveled are the codecs without levels the command line names.
+var unleveled = map[string]codec.Codec{
+	"none":   codec.None,
+	"snappy": codec.Snappy,
+}
+
+// leveled are the codecs with levels the command line names: the level
+// without --level (the library's default), the range, in numbers and in
+// words, and the codec of a level.
+var leveled = map[string]struct {
+	def, lo, hi int
+	levels      string
+	codec       func(level int) codec.Codec
+}{
+	"lz4":  {0, 0, 9, "0 (fast) and 1-9 (HC)", codec.LZ4Level},
+	"zstd": {1, 1, 22, "1-22", codec.ZstdLevel},
+}
+
 // parseChoice checks a codec name and level from the command line. Without
 // a level, zstd is codec.Zstd (level 1) and lz4 is codec.LZ4 (fast), the
 // library's own defaults.
 func parseChoice(name string, level int, levelSet bool) (choice, error) {
-	switch strings.ToLower(name) {
-	case "none":
+	lower := strings.ToLower(name)
+	if c, ok := unleveled[lower]; ok {
 		if levelSet {
-			return choice{}, usagef("codec none has no levels; drop --level")
+			return choice{}, usagef("codec %s has no levels; drop --level", lower)
 		}
-		return choice{name: "none", c: codec.None}, nil
-	case "snappy":
-		if levelSet {
-			return choice{}, usagef("codec snappy has no levels; drop --level")
-		}
-		return choice{name: "snappy", c: codec.Snappy}, nil
-	case "lz4":
-		if !levelSet {
-			level = 0
-		}
-		if level < 0 || level > 9 {
-			return choice{}, usagef("lz4 levels are 0 (fast) and 1-9 (HC), not %d", level)
-		}
-		return choice{name: "lz4", level: level, c: codec.LZ4Level(level)}, nil
-	case "zstd":
-		if !levelSet {
-			level = 1
-		}
-		if level < 1 || level > 22 {
-			return choice{}, usagef("zstd levels are 1-22, not %d", level)
-		}
-		return choice{name: "zstd", level: level, c: codec.ZstdLevel(level)}, nil
+		return choice{name: lower, c: c}, nil
 	}
-	return choice{}, usagef("unknown codec %q: use none, lz4, snappy or zstd (with --level for lz4 and zstd)", name)
+	l, ok := leveled[lower]
+	if !ok {
+		return choice{}, usagef("unknown codec %q: use none, lz4, snappy or zstd (with --level for lz4 and zstd)", name)
+	}
+	if !levelSet {
+		level = l.def
+	}
+	if level < l.lo || level > l.hi {
+		return choice{}, usagef("%s levels are %s, not %d", lower, l.levels, level)
+	}
+	return choice{name: lower, level: level, c: l.codec(level)}, nil
 }
 
 // zstdSpeeds are the four distinct Zstandard speeds codec.ZstdLevel maps

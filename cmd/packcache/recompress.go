@@ -122,22 +122,19 @@ even for --dry-run.`,
 	fs.BoolVar(&o.dryRun, "dry-run", false, "read and compute everything, write nothing")
 	fs.StringVar(&rateFlag, "rate", "", "most keys to read per second, as N/s or N (default unlimited)")
 	fs.StringVar(&o.cursor, "cursor", "", "resume from this cursor, as printed by an earlier run")
-	fs.Int64Var(&o.count, "count", 500, "COUNT hint of each SCAN")
-	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
+	o.scanFlags.register(cmd, 500)
 	cmd.MarkFlagRequired("prefix")
 	return cmd
 }
 
 type recompressOptions struct {
-	prefix       string
-	target       target
-	publish      bool // store the target's dictionary in Redis before any value written with it
-	dryRun       bool
-	rate         rate.Limit // 0: unlimited
-	cursor       string
-	count        int64
-	progressFlag bool
-	progress     bool
+	scanFlags
+	prefix  string
+	target  target
+	publish bool // store the target's dictionary in Redis before any value written with it
+	dryRun  bool
+	rate    rate.Limit // 0: unlimited
+	cursor  string
 }
 
 // parseRate reads --rate: "N/s" or "N" keys per second.

@@ -9,7 +9,23 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
 )
+
+// scanFlags are the flags of the commands that scan a prefix.
+type scanFlags struct {
+	count        int64 // --count, the COUNT hint of each SCAN
+	progressFlag bool  // --progress
+	progress     bool  // whether to draw progress (showProgress)
+}
+
+// register registers --count, with the given default, and --progress on
+// cmd.
+func (s *scanFlags) register(cmd *cobra.Command, count int64) {
+	fs := cmd.Flags()
+	fs.Int64Var(&s.count, "count", count, "COUNT hint of each SCAN")
+	fs.BoolVar(&s.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
+}
 
 // matchPattern is the SCAN MATCH pattern for keys beginning with prefix,
 // with the glob characters of the prefix escaped.

@@ -66,19 +66,16 @@ It only reads: SCAN, STRLEN, GETRANGE, PTTL, GET, MEMORY USAGE and INFO.`,
 	fs := cmd.Flags()
 	fs.StringArrayVar(&o.prefixes, "prefix", nil, "key prefix to report on (repeatable); without it keys are grouped by their leading segment up to ':'")
 	fs.IntVar(&o.sample, "sample", 100, "values to decode per prefix to estimate decoded size and memory")
-	fs.Int64Var(&o.count, "count", 1000, "COUNT hint of each SCAN")
+	o.scanFlags.register(cmd, 1000)
 	fs.BoolVar(&o.asJSON, "json", false, "print a machine-readable report")
-	fs.BoolVar(&o.progressFlag, "progress", false, "draw progress on stderr even when it is not a terminal")
 	return cmd
 }
 
 type statsOptions struct {
-	prefixes     []string
-	sample       int
-	count        int64
-	asJSON       bool
-	progressFlag bool
-	progress     bool
+	scanFlags
+	prefixes []string
+	sample   int
+	asJSON   bool
 }
 
 // Limits on what stats keeps in memory however many keys it scans.

@@ -118,27 +118,44 @@ func compressed(k kind, b byte) bool {
 	return k == kindGzip || k == kindUser || k == kindFramed && b != codec.HeaderNone
 }
 
+// kindWords holds, for every kind but kindFramed, its label in a codec mix
+// and its meaning in words; for kindUser and kindUnknown both are formats
+// of the header byte.
+var kindWords = [...]struct{ label, meaning string }{
+	kindEmpty:      {"empty", "empty value (decodes to itself)"},
+	kindPlain:      {"plain", "plain: JSON stored verbatim, no header (FORMAT.md section 1, rule 2)"},
+	kindGzip:       {"gzip", "gzip stream, read only (FORMAT.md section 3.5)"},
+	kindTombstone:  {"tombstone", "tombstone: the source of truth has no value for this key (FORMAT.md section 2.1)"},
+	kindLease:      {"lease", "lease: a load is in progress"},
+	kindUser:       {"user 0x%02x", "user codec 0x%02x (FORMAT.md section 6), not registered in this command"},
+	kindUnknown:    {"unknown 0x%02x", "unknown header byte 0x%02x"},
+	kindDictionary: {"dictionary", "zstd dictionary: a key of packcache's own, not a cached value; values stored with header 0x05 that name its id are read with it (FORMAT.md section 3.6)"},
+}
+
+// framedMeanings says in words what the built-in formats are.
+var framedMeanings = map[byte]string{
+	codec.HeaderNone:     "none: payload stored uncompressed (FORMAT.md section 3.1)",
+	codec.HeaderLZ4:      "lz4: size-prepended LZ4 block (FORMAT.md section 3.2)",
+	codec.HeaderSnappy:   "snappy: one Snappy block (FORMAT.md section 3.3)",
+	codec.HeaderZstd:     "zstd: one Zstandard frame recording its content size (FORMAT.md section 3.4)",
+	codec.HeaderZstdDict: "zstd-dict: one Zstandard frame written with a dictionary it names (FORMAT.md section 3.6)",
+}
+
+// words returns w, the label or the meaning kindWords gives kind k, for a
+// value with first byte b.
+func words(w string, k kind, b byte) string {
+	if k == kindUser || k == kindUnknown {
+		return fmt.Sprintf(w, b)
+	}
+	return w
+}
+
 // mixLabel names a value's storage in a codec mix: plain, none, lz4,
 // snappy, zstd, gzip, tombstone, lease, user 0x12, unknown 0x06, empty,
 // dictionary.
 func mixLabel(k kind, b byte) string {
-	switch k {
-	case kindEmpty:
-		return "empty"
-	case kindPlain:
-		return "plain"
-	case kindGzip:
-		return "gzip"
-	case kindTombstone:
-		return "tombstone"
-	case kindLease:
-		return "lease"
-	case kindUser:
-		return fmt.Sprintf("user 0x%02x", b)
-	case kindUnknown:
-		return fmt.Sprintf("unknown 0x%02x", b)
-	case kindDictionary:
-		return "dictionary"
+	if k != kindFramed {
+		return words(kindWords[k].label, k, b)
 	}
 	c, _ := codec.Lookup(b)
 	return c.Name()
@@ -146,35 +163,11 @@ func mixLabel(k kind, b byte) string {
 
 // meaning says in words what a value of kind k with first byte b is.
 func meaning(k kind, b byte) string {
-	switch k {
-	case kindEmpty:
-		return "empty value (decodes to itself)"
-	case kindPlain:
-		return "plain: JSON stored verbatim, no header (FORMAT.md section 1, rule 2)"
-	case kindTombstone:
-		return "tombstone: the source of truth has no value for this key (FORMAT.md section 2.1)"
-	case kindLease:
-		return "lease: a load is in progress"
-	case kindGzip:
-		return "gzip stream, read only (FORMAT.md section 3.5)"
-	case kindUser:
-		return fmt.Sprintf("user codec 0x%02x (FORMAT.md section 6), not registered in this command", b)
-	case kindUnknown:
-		return fmt.Sprintf("unknown header byte 0x%02x", b)
-	case kindDictionary:
-		return "zstd dictionary: a key of packcache's own, not a cached value; values stored with header 0x05 that name its id are read with it (FORMAT.md section 3.6)"
+	if k != kindFramed {
+		return words(kindWords[k].meaning, k, b)
 	}
-	switch b {
-	case codec.HeaderNone:
-		return "none: payload stored uncompressed (FORMAT.md section 3.1)"
-	case codec.HeaderLZ4:
-		return "lz4: size-prepended LZ4 block (FORMAT.md section 3.2)"
-	case codec.HeaderSnappy:
-		return "snappy: one Snappy block (FORMAT.md section 3.3)"
-	case codec.HeaderZstd:
-		return "zstd: one Zstandard frame recording its content size (FORMAT.md section 3.4)"
-	case codec.HeaderZstdDict:
-		return "zstd-dict: one Zstandard frame written with a dictionary it names (FORMAT.md section 3.6)"
+	if m, ok := framedMeanings[b]; ok {
+		return m
 	}
 	c, _ := codec.Lookup(b)
 	return fmt.Sprintf("codec %s (0x%02x)", c.Name(), b)

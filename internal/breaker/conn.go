@@ -149,24 +149,25 @@ type watchedConn struct {
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 {
-		now := time.Now().UnixNano()
-		for _, b := range c.nodes {
-			b.answered(now)
-		}
-	}
+	c.tell(n, (*Node).answered)
 	return n, err
 }
 
 func (c *watchedConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
+	c.tell(n, (*Node).asked)
+	return n, err
+}
+
+// tell calls note for every node, with the time now, if n, the bytes read
+// or written, is not zero.
+func (c *watchedConn) tell(n int, note func(b *Node, now int64)) {
 	if n > 0 {
 		now := time.Now().UnixNano()
 		for _, b := range c.nodes {
-			b.asked(now)
+			note(b, now)
 		}
 	}
-	return n, err
 }
 
 func (c *watchedConn) Close() error {
