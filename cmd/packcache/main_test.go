@@ -24,9 +24,34 @@ func TestMain(m *testing.M) {
 	// idle. Their timings are of that thread's CPU clock, not the wall.
 	redistest.SharedSets(2)
 	redistest.PrestartSharedSet()
+	testTiming.set() // advise times less in the tests (testTiming)
 	code := m.Run()
 	redistest.Shutdown()
 	os.Exit(code)
+}
+
+// adviseTiming is how long advise times and warms up each codec
+// (minOpTime and the rest).
+type adviseTiming struct {
+	op, sample, median   time.Duration
+	warmCalls, warmBytes int
+}
+
+// commandTiming is advise's timing as the command runs it. testTiming is
+// the tests' (TestMain): they check what advise reports and claims, not
+// how precise its timings are, and at the command's timing each run of
+// advise costs seconds of CPU. Every value is still warmed up (a single
+// pass) and timed the same way, only for less time.
+// TestAdviseColumnsAgree, the test of the timings, runs at the command's.
+var (
+	commandTiming = adviseTiming{minOpTime, minSampleTime, minMedianTime, warmCalls, warmBytes}
+	testTiming    = adviseTiming{op: 10 * time.Microsecond, sample: 500 * time.Microsecond, median: 500 * time.Microsecond}
+)
+
+// set makes advise time as a says. Only TestMain and tests that
+// run alone (without t.Parallel) may call it.
+func (a adviseTiming) set() {
+	minOpTime, minSampleTime, minMedianTime, warmCalls, warmBytes = a.op, a.sample, a.median, a.warmCalls, a.warmBytes
 }
 
 // result is one in-process run of the command.

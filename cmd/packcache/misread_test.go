@@ -280,6 +280,8 @@ func TestAdviseColumnsAgree(t *testing.T) {
 	candidates = []choice{{name: "none", c: codec.None}, {name: "fake", c: fake}}
 	clock = func() time.Duration { return time.Duration(fake.clock.Load()) }
 	t.Cleanup(func() { candidates, clock = savedCands, savedClock })
+	commandTiming.set()
+	t.Cleanup(testTiming.set)
 
 	for _, tg := range redistest.Targets(t) {
 		if tg.Server == nil {
