@@ -71,7 +71,7 @@ func TestAdviseChat(t *testing.T) {
 
 		// The JSON report is the report the text run printed, rendered
 		// otherwise, whatever the topology: it is checked on the single
-		// node only (each run of advise costs seconds of CPU).
+		// node only (each run of advise measures every codec).
 		if tg.Cluster != nil {
 			return
 		}
