@@ -153,8 +153,8 @@ var candidates = []choice{
 // Timing, once the codec is warm (warm): the whole sample is encoded and
 // decoded, every value in turn, for about minSampleTime, and the median
 // value for about minMedianTime; for the chart, each value for about
-// minOpTime.
-const (
+// minOpTime. (Variables for the tests, which shorten them: see TestMain.)
+var (
 	minOpTime     = 200 * time.Microsecond
 	minSampleTime = 20 * time.Millisecond
 	minMedianTime = 20 * time.Millisecond
@@ -452,8 +452,9 @@ func warm(ch choice, values []sampled, limit int) error {
 
 // Warming up (warm): the calls per encoder after which a zstd encoder
 // has cleared its tables at least once (it does every 256 or so), or the
-// bytes after which it has touched every page of them.
-const (
+// bytes after which it has touched every page of them. (Variables for the
+// tests, which shorten them: see TestMain.)
+var (
 	warmCalls = 300
 	warmBytes = 4 << 20
 	warmLarge = 64 << 10 // a value warm encodes once a pass, not once for each encoder

@@ -24,7 +24,7 @@ func TestAdviseChat(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 1))
 		kv := map[string][]byte{}
 		for i := range 30 {
-			doc := gen.Channel(rng, i, gen.LogUniform(rng, 2<<10, 32<<10))
+			doc := gen.Channel(rng, i, gen.LogUniform(rng, 1<<10, 8<<10))
 			kv[fmt.Sprintf("chat:room:%d", i)] = encode(t, codec.LZ4, doc)
 		}
 		set(t, tg, 10*time.Minute, kv)
@@ -71,7 +71,7 @@ func TestAdviseChat(t *testing.T) {
 
 		// The JSON report is the report the text run printed, rendered
 		// otherwise, whatever the topology: it is checked on the single
-		// node only (each run of advise costs seconds of CPU).
+		// node only (each run of advise measures every codec).
 		if tg.Cluster != nil {
 			return
 		}

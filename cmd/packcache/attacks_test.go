@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/redistest"
 )
@@ -15,6 +17,7 @@ import (
 // (after a Sentinel failover, or a restart that reloads the data): SCAN
 // cursors are meaningless there, and keys are silently skipped.
 func TestRecompressRefusesCursorOfAnotherServer(t *testing.T) {
+	t.Parallel() // servers of its own
 	// No diskless-sync delay: by default the master waits 5 s for more
 	// replicas before it sends the first one its data.
 	m := redistest.Start(t, "--repl-diskless-sync-delay", "0")
@@ -71,8 +74,17 @@ func TestRecompressRefusesCursorOfAnotherServer(t *testing.T) {
 	if res.code != exitUsage || !strings.Contains(res.stderr, "now server") {
 		t.Fatalf("resuming another server's cursor: exit %d, %s", res.code, res.stderr)
 	}
-	for i := range n {
-		if v, _ := rc.Get(ctx, fmt.Sprintf("c:%d", i)).Bytes(); v[0] == codec.HeaderLZ4 {
+	gets := make([]*redis.StringCmd, n)
+	if _, err := rc.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range gets {
+			gets[i] = p.Get(ctx, fmt.Sprintf("c:%d", i))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gets {
+		if v, _ := g.Bytes(); v[0] == codec.HeaderLZ4 {
 			t.Fatal("the refused run changed a value")
 		}
 	}

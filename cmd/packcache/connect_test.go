@@ -75,6 +75,7 @@ func TestBadConnection(t *testing.T) {
 // TestBadInput runs every kind of bad input against a server holding
 // data: each must exit non-zero with a message, and change nothing.
 func TestBadInput(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		kv := map[string][]byte{}
 		for i := range 20 {
@@ -125,6 +126,7 @@ func TestBadInput(t *testing.T) {
 // TestURL connects with --url, and with ParseClusterURL's form with
 // --cluster.
 func TestURL(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		set(t, tg, 0, map[string][]byte{"url:1": encode(t, codec.Snappy, jsonDoc(1, 2000))})
 		url := "redis://"

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,18 +31,31 @@ func setProfiles(t *testing.T, tg redistest.Target, prefix string, n int, seed u
 	return kv
 }
 
+// trainedProfiles holds the dictionaries profileDictionary trained, by
+// seed: the tests on both targets ask for the same ones, and training one
+// takes tens of milliseconds of CPU. Nothing changes a dictionary's bytes
+// once trained.
+var trainedProfiles sync.Map // uint64 -> []byte
+
 // profileDictionary trains a dictionary on profiles other than the stored
-// ones and writes it to a file.
+// ones and writes it to a file. Training is done once for each seed
+// (trainedProfiles).
 func profileDictionary(t *testing.T, seed uint64) (*codec.Dictionary, string) {
 	t.Helper()
-	rng := rand.New(rand.NewPCG(seed, 4))
-	var samples [][]byte
-	for i := range 300 {
-		samples = append(samples, gen.Profile(rng, 1e6+i))
-	}
-	b, err := codec.TrainDictionary(samples, 2<<10)
-	if err != nil {
-		t.Fatal(err)
+	var b []byte
+	if v, ok := trainedProfiles.Load(seed); ok {
+		b = v.([]byte)
+	} else {
+		rng := rand.New(rand.NewPCG(seed, 4))
+		var samples [][]byte
+		for i := range 300 {
+			samples = append(samples, gen.Profile(rng, 1e6+i))
+		}
+		var err error
+		if b, err = codec.TrainDictionary(samples, 2<<10); err != nil {
+			t.Fatal(err)
+		}
+		trainedProfiles.Store(seed, b)
 	}
 	d, err := codec.ParseDictionary(b)
 	if err != nil {
@@ -56,7 +70,7 @@ func profileDictionary(t *testing.T, seed uint64) (*codec.Dictionary, string) {
 
 func TestAdviseTrain(t *testing.T) {
 	t.Parallel() // a set of the shared servers of its own (TestMain)
-	targets(t, func(t *testing.T, tg redistest.Target) {
+	singleTarget(t, func(t *testing.T, tg redistest.Target) {
 		setProfiles(t, tg, "prof:", 500, 1)
 		tg.ResetStats(t)
 		out := filepath.Join(t.TempDir(), "trained.dict")
@@ -115,6 +129,7 @@ func TestAdviseTrain(t *testing.T) {
 }
 
 func TestRecompressDictionary(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		plain := setProfiles(t, tg, "rd:", 200, 2)
 		d, file := profileDictionary(t, 5)
@@ -189,6 +204,7 @@ func TestRecompressDictionary(t *testing.T) {
 }
 
 func TestInspectDictionary(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		d, _ := profileDictionary(t, 7)
 		lost, _ := profileDictionary(t, 8)

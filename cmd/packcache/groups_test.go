@@ -42,6 +42,7 @@ func inspectJSON(t *testing.T, tg redistest.Target, wantCode int, keys ...string
 // shows a grouped value's envelope, its groups and whether each is still
 // current, before and after; and the groups' own keys.
 func TestInvalidateGroups(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		ctx := context.Background()
 		doc := jsonDoc(1, 3000)
@@ -126,6 +127,7 @@ func TestInvalidateGroups(t *testing.T) {
 // TestInspectMalformedEnvelope: an envelope that runs past the value is
 // corrupt, said with FORMAT.md's rule, and inspect exits 1.
 func TestInspectMalformedEnvelope(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		set(t, tg, time.Hour, map[string][]byte{"g:bad": {0x0b, 0x20, 0x01}})
 		r := inspectJSON(t, tg, exitFailure, "g:bad")[0]

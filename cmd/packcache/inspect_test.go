@@ -32,6 +32,7 @@ func gzipped(t *testing.T, v []byte) []byte {
 }
 
 func TestInspectDecodable(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		doc := jsonDoc(1, 5000)
 		values := map[string][]byte{
@@ -105,6 +106,7 @@ func TestInspectDecodable(t *testing.T) {
 }
 
 func TestInspectNotValues(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		token := []byte("0123456789abcdef")
 		set(t, tg, time.Minute, map[string][]byte{
@@ -123,6 +125,7 @@ func TestInspectNotValues(t *testing.T) {
 }
 
 func TestInspectUndecodable(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		doc := jsonDoc(2, 3000)
 		z := encode(t, codec.Zstd, doc)
@@ -167,6 +170,7 @@ func TestInspectUndecodable(t *testing.T) {
 }
 
 func TestInspectMissingAndNotString(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		tg.Client.HSet(t.Context(), "m:hash", "f", "v")
 		set(t, tg, 0, map[string][]byte{"m:ok": []byte(`{"a":1}`)})

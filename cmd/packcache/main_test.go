@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -18,15 +19,54 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// The advise tests (and TestSentinel) run two at a time, each on a set
-	// of the shared servers of its own: an advise run times each codec for
-	// a fixed share of a thread's CPU, so one alone leaves the second core
-	// idle. Their timings are of that thread's CPU clock, not the wall.
+	// The tests on the shared servers (Targets) run two at a time, each
+	// on a set of its own, unless they set a package variable
+	// (testHookAfterRead, the candidates, the clock, advise's timing) or
+	// the environment: those run alone, before the parallel ones. An
+	// advise run times each codec on its thread's CPU clock, not the
+	// wall, so tests running beside it do not change its timings. Every
+	// parallel test starts at once, not GOMAXPROCS at a time: a test
+	// waiting for a set would hold a place, and the tests on servers of
+	// their own (TestSentinel, TestTLS and the others) and
+	// TestBadConnection's command lines spend most of their time waiting,
+	// on servers starting and on go-redis's dial retries, not on the CPU.
+	// -parallel on the command line overrides this.
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		flag.Set("test.parallel", "64")
+	}
 	redistest.SharedSets(2)
 	redistest.PrestartSharedSet()
+	testTiming.set() // advise times less in the tests (testTiming)
 	code := m.Run()
 	redistest.Shutdown()
 	os.Exit(code)
+}
+
+// adviseTiming is how long advise times and warms up each codec
+// (minOpTime and the rest).
+type adviseTiming struct {
+	op, sample, median   time.Duration
+	warmCalls, warmBytes int
+}
+
+// commandTiming is advise's timing as the command runs it. testTiming is
+// the tests' (TestMain): they check what advise reports and claims, not
+// how precise its timings are, and at the command's timing each run of
+// advise costs seconds of CPU. Every value is still warmed up (a single
+// pass) and timed the same way, only for less time.
+// TestAdviseColumnsAgree, the test of the timings, runs at the command's.
+var (
+	commandTiming = adviseTiming{minOpTime, minSampleTime, minMedianTime, warmCalls, warmBytes}
+	testTiming    = adviseTiming{op: 10 * time.Microsecond, sample: 500 * time.Microsecond, median: 500 * time.Microsecond}
+)
+
+// set makes advise time as a says. Only TestMain and tests that
+// run alone (without t.Parallel) may call it.
+func (a adviseTiming) set() {
+	minOpTime, minSampleTime, minMedianTime, warmCalls, warmBytes = a.op, a.sample, a.median, a.warmCalls, a.warmBytes
 }
 
 // result is one in-process run of the command.
@@ -61,6 +101,19 @@ func targets(t *testing.T, f func(t *testing.T, tg redistest.Target)) {
 			f(t, tg)
 		})
 	}
+}
+
+// singleTarget runs f as targets does, against the shared single server
+// only: for the advise tests whose subject is not the topology. Each run
+// of advise measures every codec; TestAdviseChat and TestAdviseTinyValues
+// run it on the cluster too.
+func singleTarget(t *testing.T, f func(t *testing.T, tg redistest.Target)) {
+	t.Helper()
+	targets(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Server != nil {
+			f(t, tg)
+		}
+	})
 }
 
 // conn returns the global flags that connect to tg.

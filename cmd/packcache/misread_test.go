@@ -27,6 +27,7 @@ import (
 // and checks it as readers do; it used to print "header 0x37 plain: JSON
 // stored verbatim" and "3933 bytes that are not JSON".
 func TestInspectDictionaryKey(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		d, _ := profileDictionary(t, 11)
 		other, _ := profileDictionary(t, 12)
@@ -82,6 +83,7 @@ func TestInspectDictionaryKey(t *testing.T) {
 // stats counts dictionaries as packcache's own keys, not as plain values,
 // and checks the sampled ones.
 func TestStatsDictionaryKeys(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		setProfiles(t, tg, "sd:", 20, 13)
 		d, _ := profileDictionary(t, 14)
@@ -128,6 +130,7 @@ func TestStatsDictionaryKeys(t *testing.T) {
 // into a value no reader could use as a dictionary, and every value
 // written with it would have become unreadable.
 func TestRecompressLeavesDictionaries(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		d, _ := profileDictionary(t, 16)
 		key := codec.DictionaryKey(d.ID())
@@ -150,7 +153,7 @@ func TestRecompressLeavesDictionaries(t *testing.T) {
 // names what it did not measure and why.
 func TestAdviseTrainReportsSamples(t *testing.T) {
 	t.Parallel() // a set of the shared servers of its own (TestMain); after TestAdviseColumnsAgree, which swaps the candidates and the clock
-	targets(t, func(t *testing.T, tg redistest.Target) {
+	singleTarget(t, func(t *testing.T, tg redistest.Target) {
 		setProfiles(t, tg, "at:", 100, 17)
 		set(t, tg, time.Minute, map[string][]byte{
 			"at:lease":     []byte("\x0c0123456789abcdef"),
@@ -169,12 +172,7 @@ func TestAdviseTrainReportsSamples(t *testing.T) {
 			t.Error("the training half reported as not measured")
 		}
 
-		// The JSON report is the report the text run printed, rendered
-		// otherwise, whatever the topology: it is checked on the single
-		// node only (each run of advise costs seconds of CPU).
-		if tg.Cluster != nil {
-			return
-		}
+		// The JSON report counts them alike.
 		res = cli(t, with(tg, "advise", "--prefix", "at:", "--train", "--dictionary-out", out, "--json")...)
 		var rep adviceReport
 		if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
@@ -280,6 +278,8 @@ func TestAdviseColumnsAgree(t *testing.T) {
 	candidates = []choice{{name: "none", c: codec.None}, {name: "fake", c: fake}}
 	clock = func() time.Duration { return time.Duration(fake.clock.Load()) }
 	t.Cleanup(func() { candidates, clock = savedCands, savedClock })
+	commandTiming.set()
+	t.Cleanup(testTiming.set)
 
 	for _, tg := range redistest.Targets(t) {
 		if tg.Server == nil {

@@ -26,6 +26,7 @@ func decode(t *testing.T, key string, v []byte) []byte {
 }
 
 func TestRecompress(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		small := jsonDoc(1, 300)
 		large := jsonDoc(2, 20_000)
@@ -125,6 +126,7 @@ func TestRecompress(t *testing.T) {
 }
 
 func TestRecompressDryRun(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		kv := map[string][]byte{}
 		for i := range 50 {
@@ -311,6 +313,7 @@ func TestRecompressResume(t *testing.T) {
 }
 
 func TestRecompressRate(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		kv := map[string][]byte{}
 		for i := range 30 {

@@ -12,6 +12,7 @@ import (
 )
 
 func TestStats(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		// 40 plain values, 30 zstd, 20 lz4, 5 tombstones, 5 leases under
 		// s:, half without expiry; a hash; 7 keys under other:.
@@ -119,6 +120,7 @@ func TestStats(t *testing.T) {
 }
 
 func TestStatsSampleEstimates(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
 	targets(t, func(t *testing.T, tg redistest.Target) {
 		// 300 zstd values, 30 sampled: the decoded estimate scales the
 		// sample's ratio and must land near the truth.

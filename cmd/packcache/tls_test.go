@@ -50,6 +50,7 @@ func writeCert(t *testing.T, dir, name string, tmpl *x509.Certificate, parent *x
 // client certificates: --cacert, --cert and --key must all be used, and
 // rediss:// URLs take them too.
 func TestTLS(t *testing.T) {
+	t.Parallel() // servers of its own
 	redistest.RequireServer(t, "a TLS port")
 	if ok, why := redistest.ServerHasTLS(); !ok {
 		t.Skip("TLS test skipped: " + why)
