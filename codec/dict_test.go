@@ -139,19 +139,28 @@ func trainedDictionary(t testing.TB, samples [][]byte, size int) *Dictionary {
 	return d
 }
 
-// testDictionary is a dictionary trained on smallRecords, made once for
-// the tests that need any dictionary.
-var testDictionary = sync.OnceValue(func() *Dictionary {
+// testDictionaryBytes is a dictionary trained on smallRecords, trained
+// once for the tests that need any dictionary.
+var testDictionaryBytes = sync.OnceValue(func() []byte {
 	b, err := TrainDictionary(smallRecords(500, 100, 100, 400), 4<<10)
 	if err != nil {
 		panic(err)
 	}
-	d, err := ParseDictionary(b)
+	return b
+})
+
+// testDictionary parses testDictionaryBytes afresh for the calling test:
+// a Dictionary keeps the encoders of every level it wrote at, tens of
+// megabytes each, for as long as it is reachable, so one shared by the
+// tests would hold hundreds of megabytes live past the soft memory limit
+// (see TestMain) and make every later collection work for nothing.
+func testDictionary() *Dictionary {
+	d, err := ParseDictionary(testDictionaryBytes())
 	if err != nil {
 		panic(err)
 	}
 	return d
-})
+}
 
 // dictionaryOf returns the dictionary c compresses with, or nil.
 func dictionaryOf(c Codec) *Dictionary {
