@@ -25,7 +25,9 @@ import (
 // Chromium the test is skipped, unless PACKCACHE_REQUIRE_BROWSER=1 (CI).
 func TestBrowserServe(t *testing.T) {
 	t.Parallel()
-	b := browsertest.Start(t)
+	// One tab for every page: a page of a site the tab showed last keeps
+	// its renderer process, where a fresh browser context starts one.
+	tab := browsertest.Start(t).Tab(t)
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	// ZstdDefault: the stored frame is smaller than the JSON gzipped, so
@@ -88,7 +90,7 @@ func TestBrowserServe(t *testing.T) {
 				Last     string `json:"last"`
 				Text     string `json:"text"`
 			}
-			err := b.Eval(ectx, tc.srv.URL+"/", fmt.Sprintf(`fetch(%q, {cache: "no-store"}).then(async r => {
+			err := tab.Eval(ectx, tc.srv.URL+"/", fmt.Sprintf(`fetch(%q, {cache: "no-store"}).then(async r => {
 	if (!r.ok) throw new Error("status " + r.status);
 	const text = await r.text();
 	const doc = JSON.parse(text);
@@ -126,7 +128,7 @@ func TestBrowserServe(t *testing.T) {
 			}
 
 			// Browsertest's own Fetch: the body as the page decoded it.
-			resp, err := b.Fetch(ectx, tc.srv.URL+"/", tc.srv.URL+"/channel/16")
+			resp, err := tab.Fetch(ectx, tc.srv.URL+"/", tc.srv.URL+"/channel/16")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +140,7 @@ func TestBrowserServe(t *testing.T) {
 			// (a key of its own per origin): what the server sent, and
 			// what Chromium decoded.
 			for _, path := range []string{"/fast/16", "/loaded/" + strings.TrimPrefix(tc.name, "http://")} {
-				resp, err := b.Fetch(ectx, tc.srv.URL+"/", tc.srv.URL+path)
+				resp, err := tab.Fetch(ectx, tc.srv.URL+"/", tc.srv.URL+path)
 				if err != nil {
 					t.Fatal(err)
 				}

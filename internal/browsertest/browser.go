@@ -17,16 +17,24 @@
 //	// e, _ := rec.Last("/channel") is what was asked (e.RequestHeader)
 //	// and sent (e.Header, e.Body: the bytes before decoding).
 //
+// Each of b's evaluations has a browser context of its own, which costs a
+// renderer process. A test that evaluates several pages can open a Tab,
+// whose evaluations share one page and its renderer:
+//
+//	tab := b.Tab(t) // closed when the test ends
+//	got, err := tab.Fetch(ctx, srv.URL+"/", srv.URL+"/channel")
+//
 // # How the browser is driven
 //
 // Chromium runs with --remote-debugging-pipe: it reads DevTools protocol
 // commands from file descriptor 3 and answers on 4, NUL-separated JSON, so
 // the package needs no websocket code, no port and no dependency. For each
 // evaluation it opens a fresh browser context (an empty cache and cookie
-// jar, so every fetch reaches the server), navigates a page to the given
-// URL, waits for that navigation's own load event (matched by its loader
-// id, so the initial about:blank cannot be mistaken for it), and runs the
-// expression with Runtime.evaluate awaiting its promise. The result is the
+// jar, so every fetch reaches the server) or takes the Tab's, navigates a
+// page to the given URL, waits for that navigation's own load event
+// (matched by its loader id, so neither the initial about:blank nor the
+// page before can be mistaken for it), and runs the expression with
+// Runtime.evaluate awaiting its promise. The result is the
 // expression's own value or its exception, never a guess after a sleep:
 // --dump-dom with --virtual-time-budget would need a page that writes its
 // verdict into the DOM, would launch a browser per page, and would report a
@@ -172,6 +180,7 @@ type Browser struct {
 
 	mu   sync.Mutex // serializes use of conn
 	conn *conn
+	down bool // set by shutdown, under mu: conn is closed
 
 	closeOnce sync.Once
 	closeErr  error
@@ -229,8 +238,21 @@ func Launch(ctx context.Context, path string, opts ...Option) (_ *Browser, err e
 		"--password-store=basic",
 		"--mute-audio",
 	}
-	args = append(args, c.flags...)
-	args = append(args, "about:blank")
+	// Headless Chromium still makes a browser window for each browser
+	// context, and preloads the window's omnibox popup: a WebUI page
+	// with a renderer of its own, which took 1.5 CPU-seconds at launch
+	// and as much again for each browser context (Chromium 156 here),
+	// for a popup nothing shows. A Flag of --disable-features adds to
+	// the list, which Chromium would otherwise replace.
+	disabled := []string{"WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup"}
+	for _, f := range c.flags {
+		if features, ok := strings.CutPrefix(f, "--disable-features="); ok {
+			disabled = append(disabled, features)
+			continue
+		}
+		args = append(args, f)
+	}
+	args = append(args, "--disable-features="+strings.Join(disabled, ","), "about:blank")
 
 	// Chromium reads commands from fd 3 (the child's end of toChrome)
 	// and writes answers to fd 4 (the child's end of fromChrome).
@@ -312,30 +334,53 @@ func (b *Browser) Version() string { return b.version }
 // and the expression does not run.
 //
 // Each call has its own browser context: nothing is cached or kept from one
-// call to the next. ctx bounds the whole call; a call cut short by ctx
-// leaves the browser unusable (later calls fail), so give it room.
+// call to the next. That costs a browser context and a renderer process per
+// call, 0.75 CPU-seconds here; a Tab keeps them for its calls. ctx bounds
+// the whole call; a call cut short by ctx leaves the browser unusable
+// (later calls fail), so give it room.
 func (b *Browser) Eval(ctx context.Context, pageURL, expression string, out any) error {
-	u, err := url.Parse(pageURL)
+	wrapped, err := wrap(pageURL, expression)
 	if err != nil {
 		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	contextID, session, err := b.conn.openTab(ctx)
+	if err != nil {
+		return b.fail(fmt.Errorf("browsertest: eval on %s: %w", pageURL, err))
+	}
+	// Disposing of the context closes its page, and with it the
+	// renderer's work: nothing of this call runs on into the next.
+	defer b.conn.disposeContext(ctx, contextID)
+	return b.evalIn(ctx, session, pageURL, wrapped, out)
+}
+
+// wrap makes expression an async function's that first checks the page
+// is at pageURL's origin: the check catches Chromium's error page
+// (chrome-error://) before the expression runs in it and fails in a
+// confusing way.
+func wrap(pageURL, expression string) (string, error) {
+	u, err := url.Parse(pageURL)
+	if err != nil {
+		return "", err
 	}
 	origin, err := json.Marshal(originOf(u))
 	if err != nil {
-		return err
+		return "", err
 	}
-	// The origin check catches Chromium's error page (chrome-error://)
-	// before the expression runs in it and fails in a confusing way.
-	wrapped := fmt.Sprintf(`(async () => {
+	return fmt.Sprintf(`(async () => {
 	if (location.origin !== %s) {
 		throw new Error("the page is " + location.href + ", not the one asked for (redirected?)");
 	}
 	return await (%s
 	);
-})()`, origin, expression)
+})()`, origin, expression), nil
+}
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	raw, err := b.conn.eval(ctx, pageURL, wrapped)
+// evalIn navigates the page of session to pageURL and evaluates wrapped
+// there (see Eval). b.mu must be held.
+func (b *Browser) evalIn(ctx context.Context, session, pageURL, wrapped string, out any) error {
+	raw, err := b.conn.eval(ctx, session, pageURL, wrapped)
 	if err != nil {
 		return b.fail(fmt.Errorf("browsertest: eval on %s: %w", pageURL, err))
 	}
@@ -381,12 +426,17 @@ type Response struct {
 // Fetch evaluates fetch(fetchURL) on the page at pageURL (see Eval) with
 // the cache bypassed, and returns the response the page saw.
 func (b *Browser) Fetch(ctx context.Context, pageURL, fetchURL string) (Response, error) {
+	return fetch(ctx, b.Eval, pageURL, fetchURL)
+}
+
+// fetch is Fetch with the Eval of a Browser or a Tab.
+func fetch(ctx context.Context, eval func(ctx context.Context, pageURL, expression string, out any) error, pageURL, fetchURL string) (Response, error) {
 	target, err := json.Marshal(fetchURL)
 	if err != nil {
 		return Response{}, err
 	}
 	var r Response
-	err = b.Eval(ctx, pageURL, fmt.Sprintf(`fetch(%s, {cache: "no-store"}).then(async r => ({
+	err = eval(ctx, pageURL, fmt.Sprintf(`fetch(%s, {cache: "no-store"}).then(async r => ({
 	status: r.status,
 	header: Object.fromEntries(r.headers),
 	body: await r.text(),
@@ -444,5 +494,6 @@ func (b *Browser) shutdown(graceful bool) error {
 		err = endAll(b.cmd.Process.Pid, b.dir, closeTimeout)
 	}
 	b.conn.close()
+	b.down = true
 	return errors.Join(err, os.RemoveAll(b.dir))
 }

@@ -44,13 +44,13 @@ func (c closesShared) Run() int {
 
 // The browser the tests share (example.test mapped to 127.0.0.1, for
 // TestAcceptEncoding): a launch costs several times an evaluation, and
-// each Eval has a browser context of its own, so that nothing one test
-// loads is seen by another. The tests take turns on it, as on
-// redistest's shared servers: a test holds it from shared until it ends,
-// so its contexts' deadlines run from its turn, not from a wait behind
-// another test's evaluations (a call cut short would break the browser
-// for every test). Tests whose browser needs other flags, or that break
-// or close it, start their own, and run beside the one holding it.
+// each test evaluates in a Tab of its own, a browser context, so that
+// nothing one test loads is seen by another. The tests take turns on it,
+// as on redistest's shared servers: a test holds it from shared until it
+// ends, so its contexts' deadlines run from its turn, not from a wait
+// behind another test's evaluations (a call cut short would break the
+// browser for every test). Tests whose browser needs other flags, or that
+// break or close it, start their own, and run beside the one holding it.
 var sharedBrowser struct {
 	sync.Mutex
 	b   *Browser
@@ -288,6 +288,7 @@ func TestZstdToBrowser(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
 	b := shared(t)
+	tab := b.Tab(t)
 	t.Logf("%s ready in %v", b.Version(), time.Since(start))
 	c := newChannel(t)
 	t.Logf("channel: %d bytes of JSON, a zstd frame of %d", len(c.doc), len(c.frame))
@@ -308,7 +309,7 @@ func TestZstdToBrowser(t *testing.T) {
 			srv := tc.srv(t, rec)
 			start := time.Now()
 			var got decoded
-			if err := b.Eval(evalContext(t), srv.URL+"/", fetchChannel, &got); err != nil {
+			if err := tab.Eval(evalContext(t), srv.URL+"/", fetchChannel, &got); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("page evaluated in %v", time.Since(start))
@@ -317,7 +318,7 @@ func TestZstdToBrowser(t *testing.T) {
 			checkDecoded(t, c, got, rec, "zstd")
 
 			// Fetch hands back the decoded text itself.
-			r, err := b.Fetch(evalContext(t), srv.URL+"/", srv.URL+"/channel")
+			r, err := tab.Fetch(evalContext(t), srv.URL+"/", srv.URL+"/channel")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -365,7 +366,7 @@ func serveOn(t *testing.T, addr string, h http.Handler) *httptest.Server {
 // page intact.
 func TestAcceptEncoding(t *testing.T) {
 	t.Parallel()
-	b := shared(t) // example.test mapped to 127.0.0.1
+	tab := shared(t).Tab(t) // example.test mapped to 127.0.0.1
 	c := newChannel(t)
 	rec := Record(c.handler())
 	plain := httptest.NewServer(rec)
@@ -390,7 +391,7 @@ func TestAcceptEncoding(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			u := tc.url(t)
 			var got decoded
-			if err := b.Eval(evalContext(t), u+"/", fetchChannel, &got); err != nil {
+			if err := tab.Eval(evalContext(t), u+"/", fetchChannel, &got); err != nil {
 				t.Fatal(err)
 			}
 			e, _ := rec.Last("/channel")
@@ -446,10 +447,11 @@ func TestCertificateTrust(t *testing.T) {
 }
 
 // TestEvalErrors checks that what goes wrong in the page comes back as an
-// error that says what, and that the browser still evaluates afterwards.
+// error that says what, that the tab still evaluates afterwards, and not
+// once closed.
 func TestEvalErrors(t *testing.T) {
 	t.Parallel()
-	b := shared(t)
+	tab := shared(t).Tab(t)
 	mux := http.NewServeMux()
 	mux.Handle("GET /{$}", Page)
 	mux.HandleFunc("GET /broken", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
@@ -474,15 +476,21 @@ func TestEvalErrors(t *testing.T) {
 		{"redirected to another origin", srv.URL + "/away", `1`, "not the one asked for", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := b.Eval(evalContext(t), tc.page, tc.expr, tc.out)
+			err := tab.Eval(evalContext(t), tc.page, tc.expr, tc.out)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Eval(%s) = %v, want an error containing %q", tc.expr, err, tc.want)
 			}
 		})
 	}
 	var two int
-	if err := b.Eval(evalContext(t), srv.URL+"/", `1 + 1`, &two); err != nil || two != 2 {
+	if err := tab.Eval(evalContext(t), srv.URL+"/", `1 + 1`, &two); err != nil || two != 2 {
 		t.Fatalf("after the errors, Eval(1 + 1) = %d, %v", two, err)
+	}
+	if err := tab.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tab.Eval(evalContext(t), srv.URL+"/", `1`, nil); err == nil || !strings.Contains(err.Error(), "the tab is closed") {
+		t.Fatalf("Eval on a closed tab: %v, want an error saying it is closed", err)
 	}
 }
 

@@ -50,43 +50,63 @@ type message struct {
 	} `json:"error,omitempty"`
 }
 
-// eval runs expression on a fresh page at pageURL in a browser context of
-// its own, and returns the JSON of its value (nil for undefined).
-func (c *conn) eval(ctx context.Context, pageURL, expression string) (json.RawMessage, error) {
+// openTab opens a page at about:blank in a browser context of its own
+// (an empty cache and cookie jar), attaches to it and enables the
+// lifecycle events that end its navigations. It returns the context's id
+// and the page's session.
+func (c *conn) openTab(ctx context.Context) (contextID, session string, err error) {
 	var bc struct {
 		ID string `json:"browserContextId"`
 	}
 	if err := c.call(ctx, "", "Target.createBrowserContext", map[string]any{"disposeOnDetach": true}, &bc); err != nil {
-		return nil, err
+		return "", "", err
 	}
-	// Disposing of the context closes its page, and with it the
-	// renderer's work: nothing of this call runs on into the next.
 	defer func() {
-		if c.err == nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-			c.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": bc.ID}, nil)
-			cancel()
+		if err != nil {
+			c.disposeContext(ctx, bc.ID)
 		}
 	}()
 	var target struct {
 		ID string `json:"targetId"`
 	}
 	if err := c.call(ctx, "", "Target.createTarget", map[string]any{"url": "about:blank", "browserContextId": bc.ID}, &target); err != nil {
-		return nil, err
+		return "", "", err
 	}
 	var attached struct {
 		SessionID string `json:"sessionId"`
 	}
 	if err := c.call(ctx, "", "Target.attachToTarget", map[string]any{"targetId": target.ID, "flatten": true}, &attached); err != nil {
-		return nil, err
+		return "", "", err
 	}
 	s := attached.SessionID
 	if err := c.call(ctx, s, "Page.enable", nil, nil); err != nil {
-		return nil, err
+		return "", "", err
 	}
 	if err := c.call(ctx, s, "Page.setLifecycleEventsEnabled", map[string]any{"enabled": true}, nil); err != nil {
-		return nil, err
+		return "", "", err
 	}
+	return bc.ID, s, nil
+}
+
+// disposeContext disposes of a browser context that openTab opened, and
+// so closes its page and ends the renderer's work for it. It does nothing
+// once the connection is broken: nothing can be sent, and the browser's
+// Close ends everything. It runs even when ctx is done, bounded by
+// closeTimeout.
+func (c *conn) disposeContext(ctx context.Context, id string) error {
+	if c.err != nil {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	return c.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": id}, nil)
+}
+
+// eval navigates the page of session to pageURL, waits for that
+// navigation's load event, runs expression in it and returns the JSON of
+// its value (nil for undefined).
+func (c *conn) eval(ctx context.Context, session, pageURL, expression string) (json.RawMessage, error) {
+	s := session
 	var nav struct {
 		LoaderID  string `json:"loaderId"`
 		ErrorText string `json:"errorText"`
