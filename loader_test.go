@@ -481,7 +481,7 @@ func TestStaleOnError(t *testing.T) {
 	ctx := ctxT(t)
 	var fail atomic.Bool
 	var handled atomic.Int64
-	c := mustNew[Channel](t, rdb, packcache.WithTTL(200*time.Millisecond), packcache.WithPrefix("", packcache.Policy{StaleFor: 5 * time.Second}),
+	c := mustNew[Channel](t, rdb, packcache.WithTTL(200*time.Millisecond), packcache.WithPrefix("", packcache.Policy{StaleFor: time.Minute}),
 		packcache.WithErrorHandler(func(ctx context.Context, key string, err error) { handled.Add(1) }),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			if fail.Load() {
@@ -500,12 +500,15 @@ func TestStaleOnError(t *testing.T) {
 		t.Fatalf("stale serves %d, errors handled %d", c.Stats().StaleServes, handled.Load())
 	}
 	// A plain reader treats a value past its TTL as missing.
-	if _, err := mustNew[Channel](t, rdb, packcache.WithPrefix("", packcache.Policy{StaleFor: 5 * time.Second}), packcache.WithTTL(200*time.Millisecond)).Get(ctx, "k"); !errors.Is(err, packcache.ErrMiss) {
+	if _, err := mustNew[Channel](t, rdb, packcache.WithPrefix("", packcache.Policy{StaleFor: time.Minute}), packcache.WithTTL(200*time.Millisecond)).Get(ctx, "k"); !errors.Is(err, packcache.ErrMiss) {
 		t.Fatalf("plain Get of a stale value: %v", err)
 	}
 	fail.Store(false)
 	// The reload stores with a fresh TTL+StaleFor: the key's time to live
-	// goes up, however long a busy machine takes between the calls.
+	// goes up, however long a busy machine takes between the calls. (A
+	// StaleFor of a minute: with 5 s, CI under -race once took so long
+	// that the stale value expired during the reload, whose store then
+	// rightly refused to write over a key that might have been deleted.)
 	before := rdb.PTTL(ctx, "k").Val()
 	c.Get(ctx, "k")
 	if d := rdb.PTTL(ctx, "k").Val(); d <= before {
