@@ -91,10 +91,26 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 	return c
 }
 
-// startCluster starts len(dirs) nodes in parallel and forms the cluster:
+// startCluster starts len(dirs) nodes in parallel, forms the cluster (see
+// formCluster) and waits until it is healthy. On error every started node
+// has been stopped.
+func startCluster(bin string, dirs []string, replicas int, ownDirs bool, nodeTimeout time.Duration) (*Cluster, error) {
+	c, err := formCluster(bin, dirs, replicas, ownDirs, nodeTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitHealthy(clusterTimeout); err != nil {
+		_ = c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// formCluster starts len(dirs) nodes in parallel and forms the cluster:
 // len(dirs)/(1+replicas) masters, each followed in dirs by the directories
-// of its replicas. On error every started node has been stopped.
-func startCluster(bin string, dirs []string, replicas int, ownDirs bool, nodeTimeout time.Duration) (_ *Cluster, err error) {
+// of its replicas. It returns before the nodes agree on the cluster. On
+// error every started node has been stopped.
+func formCluster(bin string, dirs []string, replicas int, ownDirs bool, nodeTimeout time.Duration) (_ *Cluster, err error) {
 	started := make([]*Server, len(dirs))
 	errs := make([]error, len(dirs))
 	var wg sync.WaitGroup
@@ -141,18 +157,22 @@ func startCluster(bin string, dirs []string, replicas int, ownDirs bool, nodeTim
 			return nil, fmt.Errorf("CLUSTER ADDSLOTSRANGE %d %d on %s: %w", c.first[i], last, s.addr, err)
 		}
 	}
-	for _, s := range started[1:] {
-		if _, err := c.nodes[0].admin.do(adminTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.port)); err != nil {
-			return nil, fmt.Errorf("CLUSTER MEET %s from %s: %w", s.addr, c.nodes[0].addr, err)
+	// Every node meets every other, rather than the first all and gossip
+	// the rest: gossip names a few peers per ping, and a node pings a peer
+	// it already heard from once a second, or every half node timeout:
+	// with the 15 s of a cluster started ahead, its replicas took 1-4 s to
+	// know their masters, which CLUSTER REPLICATE needs.
+	for i, a := range started {
+		for _, b := range started[i+1:] {
+			if _, err := a.admin.do(adminTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(b.port)); err != nil {
+				return nil, fmt.Errorf("CLUSTER MEET %s from %s: %w", b.addr, a.addr, err)
+			}
 		}
 	}
 	if replicas > 0 {
 		if err := c.replicate(); err != nil {
 			return nil, err
 		}
-	}
-	if err := c.waitHealthy(clusterTimeout); err != nil {
-		return nil, err
 	}
 	return c, nil
 }

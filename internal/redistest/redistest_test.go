@@ -273,7 +273,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("GET key:7 on NodeForKey's node %s = %q, %v", node.Addr(), got, err)
 	}
 	node.Stop(t)
-	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	err := cc.Get(short, "key:7").Err()
 	cancel()
 	if err == nil {
@@ -585,7 +585,12 @@ func runTB(t *testing.T, f func(tb testing.TB)) *recTB {
 func TestClusterWithReplicas(t *testing.T) {
 	t.Parallel() // after the tests that count processes or stop the shared sets
 	start := time.Now()
-	c := StartClusterWithReplicas(t, 3, 1)
+	var c *Cluster
+	func() {
+		startingAhead.Lock()
+		defer startingAhead.Unlock()
+		c = StartClusterWithReplicas(t, 3, 1)
+	}()
 	t.Logf("StartClusterWithReplicas(3, 1) took %v", time.Since(start))
 	if len(c.Nodes()) != 3 || len(c.Addrs()) != 6 {
 		t.Fatalf("Nodes/Addrs = %d/%d, want 3/6", len(c.Nodes()), len(c.Addrs()))
@@ -634,22 +639,30 @@ func TestClusterWithReplicas(t *testing.T) {
 	}
 }
 
+// startingAhead is held by TestClusterWithReplicasStartedAhead from
+// starting its cluster ahead until it has taken it, and by
+// TestClusterWithReplicas while it starts its own of the same shape, which
+// would otherwise take the one started ahead (CI's run failed so).
+var startingAhead sync.Mutex
+
 // TestClusterWithReplicasStartedAhead: StartClusterWithReplicas takes the
 // cluster PrestartClustersWithReplicas started, with every node's timeout
 // the 1 s of one it starts itself (also for a restart), healthy, every
 // replica of its master; and the next call, none being left, starts one.
-//
-// It is not parallel: TestClusterWithReplicas, running beside it, would
-// take the cluster started ahead of the same shape (CI's run failed so).
-// Serial tests run before any parallel one, and the tests that count
-// processes or stop the shared sets come before it in this file.
 func TestClusterWithReplicasStartedAhead(t *testing.T) {
+	t.Parallel() // after the tests that count processes or stop the shared sets
 	haveRedisServer(t)
-	PrestartClustersWithReplicas(3, 1, 1)
-	ahead.mu.Lock()
-	sp := ahead.ready[[2]int{3, 1}][0]
-	ahead.mu.Unlock()
-	c := StartClusterWithReplicas(t, 3, 1)
+	var sp *spare
+	var c *Cluster
+	func() {
+		startingAhead.Lock()
+		defer startingAhead.Unlock()
+		PrestartClustersWithReplicas(3, 1, 1)
+		ahead.mu.Lock()
+		sp = ahead.ready[[2]int{3, 1}][0]
+		ahead.mu.Unlock()
+		c = StartClusterWithReplicas(t, 3, 1)
+	}()
 	if c != sp.c {
 		t.Fatal("StartClusterWithReplicas did not take the cluster started ahead")
 	}
