@@ -296,11 +296,7 @@ func (c *cache) refresh(ctx context.Context, key string, p *policy, fn loadFunc,
 // goLoad runs runLoad on a goroutine of its own, which the cache's life
 // counts, so that Close waits for it.
 func (c *cache) goLoad(ctx context.Context, fn loadFunc, jobs []loadJob) {
-	c.life.Spawn()
-	go func() {
-		defer c.life.Exit()
-		c.runLoad(ctx, fn, jobs, nil)
-	}()
+	c.life.Go(func() { c.runLoad(ctx, fn, jobs, nil) })
 }
 
 // runLoad loads jobs with one call of fn, on a goroutine of its own

@@ -360,11 +360,30 @@ func TestNearNoOlderReadAfterWrite(t *testing.T) {
 }
 
 // waitNearMiss waits until the near cache can serve (a miss is fine).
+//
+// Each try writes near-ready anew: under a long share window, a read made
+// before the near cache's gate opened is held for the whole window, and
+// Gets that share it never read again, so never fill the near cache
+// (TestNearKeysUntrackedReadNotHeld, with an hour's window, ran into its
+// context's deadline that way). The write ends the held read.
 func waitNearMiss[T any](t *testing.T, c *packcache.Cache[T]) {
 	t.Helper()
 	ctx := ctxT(t)
-	c.Set(ctx, "near-ready", *new(T))
-	waitNear(t, c, "near-ready")
+	waitFor(t, 50*time.Second, "the near cache serving near-ready", func() bool {
+		if err := c.Set(ctx, "near-ready", *new(T)); err != nil {
+			t.Fatalf("Set near-ready: %v", err)
+		}
+		for range 3 {
+			before := c.Stats().NearHits
+			if _, err := c.Get(ctx, "near-ready"); err != nil {
+				t.Fatalf("Get near-ready: %v", err)
+			}
+			if c.Stats().NearHits > before {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // TestNearMemoryBound: 1,000 distinct 128 KB values streamed once each

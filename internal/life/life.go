@@ -17,13 +17,23 @@ type Life struct {
 	state atomic.Int64
 	idle  chan struct{} // closed when, after Close, nothing is under way
 	once  sync.Once
+
+	// Go's goroutines, parked between pieces of work (see Go).
+	work    chan func()   // hands work to a parked goroutine; unbuffered
+	parked  atomic.Int32  // goroutines parked now
+	closing chan struct{} // closed when Close begins: parked goroutines end
+	stop    sync.Once
 }
 
 // closed is added to a Life's state once Close has begun.
 const closed = 1 << 62
 
 // Init readies l; it is called before l is used.
-func (l *Life) Init() { l.idle = make(chan struct{}) }
+func (l *Life) Init() {
+	l.idle = make(chan struct{})
+	l.work = make(chan func())
+	l.closing = make(chan struct{})
+}
 
 // Enter registers a call, unless Close has begun.
 func (l *Life) Enter() bool {
@@ -60,6 +70,7 @@ func (l *Life) TrySpawn() bool {
 // a channel closed once nothing is under way. It may be called more than
 // once, and concurrently.
 func (l *Life) Close() <-chan struct{} {
+	l.stop.Do(func() { close(l.closing) })
 	if old := l.state.Or(closed); old&^closed == 0 {
 		l.once.Do(func() { close(l.idle) })
 	}

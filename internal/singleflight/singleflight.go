@@ -168,12 +168,9 @@ func (g *Group[V, A]) Do(ctx context.Context, key string, a A) (v V, err error, 
 			var zero V
 			return zero, err, true
 		}
-	case done == nil || (g.life != nil && !g.life.TrySpawn()):
+	case done == nil || !g.spawn(context.WithoutCancel(ctx), key, c, a):
 		g.lead(ctx, key, c, a)
 		return c.val, c.err, false
-	default:
-		c.own = true // before the goroutine starts, which reads it
-		go g.run(context.WithoutCancel(ctx), key, c, a)
 	}
 	v, err = Wait(ctx, c)
 	return v, err, joined
@@ -199,11 +196,20 @@ func (g *Group[V, A]) lead(ctx context.Context, key string, c *Call[V], a A) {
 // runWork calls a's work: protect's form of it.
 func runWork[V any, A Work[V]](ctx context.Context, a A, c *Call[V]) (V, error) { return a.Run(ctx, c) }
 
-func (g *Group[V, A]) run(ctx context.Context, key string, c *Call[V], a A) {
-	if g.life != nil {
-		defer g.life.Exit()
+// spawn leads c on a goroutine of its own (the life's, when the group has
+// one), unless the life has begun to close: then it reports false, and
+// the caller leads c itself.
+func (g *Group[V, A]) spawn(ctx context.Context, key string, c *Call[V], a A) bool {
+	c.own = true // before the goroutine starts, which reads it
+	if g.life == nil {
+		go g.lead(ctx, key, c, a)
+		return true
 	}
-	g.lead(ctx, key, c, a)
+	if !g.life.TryGo(func() { g.lead(ctx, key, c, a) }) {
+		c.own = false
+		return false
+	}
+	return true
 }
 
 // Finish publishes c's result, unless c has finished already, and
