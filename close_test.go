@@ -23,6 +23,12 @@ import (
 // cache's is left.
 func TestCloseDuringTraffic(t *testing.T) {
 	redistest.RequireServer(t, "waits on timings and goroutine counts an embedded miniredis would change")
+	// Beside the other tests, but counting goroutines in a process of
+	// its own.
+	t.Parallel()
+	if !alone(t) {
+		return
+	}
 	_, rdb := single(t)
 	ctx := ctxT(t)
 	baseline := runtime.NumGoroutine()

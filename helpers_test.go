@@ -30,8 +30,9 @@ func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
 	// Most tests start their own redis-server and spend their time waiting
 	// on it and on timers, so more of them run at once than there are
-	// cores. Tests that measure time or memory do not call t.Parallel and
-	// run alone first. -parallel on the command line overrides this.
+	// cores. Tests that measure time do not call t.Parallel and run alone
+	// first; those that measure the process's memory or goroutines run
+	// beside the others, each in a process of its own (see alone). -parallel on the command line overrides this.
 	flag.Parse()
 	// A cluster's masters take 2 s to report cluster_state:ok; the
 	// tests that start their own clusters take ones started ahead.
@@ -167,9 +168,11 @@ const aloneEnv = "PACKCACHE_TEST_ALONE"
 // alone runs the calling top-level test again in a process of its own
 // (this test binary, -test.run naming only it) and reports false, passing
 // or failing as that run does; in that process it reports true, and the
-// test goes on. A test that measures the process's heap calls it first:
-// in the suite's process the heap also moves with what earlier tests left
-// running and with the clusters TestMain starts in the background, and on
+// test goes on. A test that measures the process (its heap, what it
+// allocates, its goroutines) calls it first, and may then run beside the
+// others: in the suite's process the heap also moves with what other
+// tests are doing and with the clusters TestMain starts in the
+// background, and on
 // a busy machine TestHeapPerColdCall once measured 10,303 B per call
 // where it measures 6,100 B alone. The process alone starts nothing in
 // the background (TestMain's willRun).

@@ -307,6 +307,12 @@ const (
 // bytes unchanged, and the memory one Get allocates (runtime.MemStats
 // TotalAlloc around it, after a GC) within the bounds above.
 func TestHostileValuesBoundedAllocation(t *testing.T) {
+	// Beside the other tests, but measuring allocation in a process of
+	// its own.
+	t.Parallel()
+	if !alone(t) {
+		return
+	}
 	s, rdb := single(t)
 	redistest.RequireReal(t, s, "stores values of hundreds of KB")
 	ctx := ctxT(t)

@@ -889,11 +889,12 @@ func (h *blockScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // (as many as the pool has connections) or for their turn at it.
 // (Buffers are sized to the value, not pooled at 16 KiB.)
 func TestHeapPerColdCall(t *testing.T) {
-	if !alone(t) {
-		return // measured in a process of its own
-	}
 	if raceEnabled {
 		t.Skip("the race detector changes allocation sizes; run without -race")
+	}
+	t.Parallel()
+	if !alone(t) {
+		return // measured in a process of its own
 	}
 	s := redistest.Start(t)
 	hook := &blockScripts{release: make(chan struct{})}

@@ -128,14 +128,15 @@ func nearHeap[T any](t *testing.T, rdb redis.UniversalClient, keys []string, max
 // it was read from, and a []byte decompressed into may have room to spare.
 // (The msgpack module checks its serializer the same way.)
 func TestNearHeapBound(t *testing.T) {
-	if !alone(t) {
-		return // measured in a process of its own
-	}
 	if raceEnabled {
 		// The race detector changes allocation sizes and slows the 1,200
 		// compressed writes past a minute: CI runs this test without
 		// -race, with the other allocation bounds.
 		t.Skip("run without -race")
+	}
+	t.Parallel()
+	if !alone(t) {
+		return // measured in a process of its own
 	}
 	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")
 	_, rdb := single(t)

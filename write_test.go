@@ -17,7 +17,9 @@ import (
 var allCodecs = []codec.Codec{codec.None, codec.LZ4, codec.LZ4HC, codec.Snappy, codec.Zstd, codec.ZstdDefault, codec.ZstdBetter, codec.ZstdBest}
 
 func TestRoundTripCodecsSizesSerializers(t *testing.T) {
-	// Not parallel: its 8 MiB values would add to the memory of the rest.
+	// Parallel: the tests that measure the heap do so in processes of
+	// their own (alone), where its 8 MiB values do not count.
+	t.Parallel()
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
 		sizes := []int{0, 1, 100, 1023, 1024, 1025, 40 << 10, 128 << 10, 1 << 20}
 		if !testing.Short() {
