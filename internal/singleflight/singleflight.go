@@ -126,6 +126,15 @@ func (c *Call[V]) Seal() { c.sealed.Store(true) }
 // leaderWaits says whether a caller that registers the read will wait on
 // it rather than do it: waiters need a channel, the uncontended leader
 // none.
+//
+// A new read begins when it is registered, under the mutex, not at now:
+// a caller whose goroutine waited for a CPU between reading the clock and
+// taking the mutex would otherwise register a read whose window had
+// already passed, and every caller after it would read again (on two
+// busy cores, a surge of 20,000 Gets of a hot key made 18 reads in 120 ms
+// of 10 ms windows). A caller joins by its own now, when its call began:
+// a read begun less than a window before that is one the window allows
+// it.
 func (g *Group[V, A]) acquire(key string, now int64, leaderWaits bool) (*Call[V], bool) {
 	g.mu.Lock()
 	g.expire(now, g.m)
@@ -135,8 +144,9 @@ func (g *Group[V, A]) acquire(key string, now int64, leaderWaits bool) (*Call[V]
 	c, ok := g.m[key]
 	ok = ok && g.joinable(c, now)
 	if !ok {
-		c = &Call[V]{began: now}
-		c.until.Store(now + g.window)
+		began := max(now, time.Now().UnixNano())
+		c = &Call[V]{began: began}
+		c.until.Store(began + g.window)
 		if g.window > 0 {
 			// A read that others may share: findable without the mutex
 			// (see share), with a channel to wait on made at once.

@@ -431,3 +431,25 @@ func TestGroupRegistersReads(t *testing.T) {
 	<-idle
 	<-done
 }
+
+// TestReadBeginsWhenRegistered: a read registered by a caller whose clock
+// reading is stale (its goroutine waited for a CPU after reading it)
+// begins when it is registered, so a caller arriving next shares it for
+// the window; registered at the stale time, its window would be over and
+// the next caller would read again.
+func TestReadBeginsWhenRegistered(t *testing.T) {
+	t.Parallel()
+	g := &Group[ival, fnWork]{}
+	g.window = int64(time.Minute)
+	before := time.Now().UnixNano()
+	c, joined := g.acquire("k", before-int64(2*time.Minute), false)
+	if joined {
+		t.Fatal("the first caller joined a read")
+	}
+	if c.began < before {
+		t.Fatalf("the read began %v before it was registered", time.Duration(before-c.began))
+	}
+	if next, joined := g.acquire("k", time.Now().UnixNano(), false); !joined || next != c {
+		t.Fatal("the next caller, within the window of the read's registration, did not share it")
+	}
+}
