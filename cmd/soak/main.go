@@ -459,6 +459,13 @@ func startRedis() (*server, error) {
 			}
 			break
 		}
+		if lastErr == nil {
+			// The PONG may come from another process that took the port
+			// before this redis-server could bind it (another test
+			// package's servers start beside the soak's): a soak against
+			// someone else's cluster node read CLUSTERDOWN on every call.
+			lastErr = ownServer(c, cmd.Process.Pid)
+		}
 		c.Close()
 		if lastErr == nil {
 			return &server{addr: addr, proc: cmd.Process, stop: stop}, nil
@@ -468,6 +475,26 @@ func startRedis() (*server, error) {
 	}
 	os.RemoveAll(dir)
 	return nil, fmt.Errorf("redis-server did not start: %v", lastErr)
+}
+
+// ownServer returns an error unless the server c talks to is the process
+// pid.
+func ownServer(c *redis.Client, pid int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return fmt.Errorf("INFO server: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			if v != strconv.Itoa(pid) {
+				return fmt.Errorf("port served by another process (pid %s, ours %d)", v, pid)
+			}
+			return nil
+		}
+	}
+	return errors.New("INFO server names no process_id")
 }
 
 func run(cfg config, out io.Writer) (*report, error) {

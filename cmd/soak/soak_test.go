@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // requireServer skips the test when the server the soak starts (see
@@ -86,5 +88,24 @@ func TestSoakCLI(t *testing.T) {
 	}
 	if code := cli([]string{"-outage", "-keys", "0"}, &out, &errOut); code != 2 {
 		t.Errorf("-outage -keys 0: exit %d, want 2", code)
+	}
+}
+
+// TestOwnServer: startRedis keeps a server only if the PONG came from its
+// own process; ownServer tells the process by INFO's process_id.
+func TestOwnServer(t *testing.T) {
+	requireServer(t)
+	srv, err := startRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	c := redis.NewClient(&redis.Options{Addr: srv.addr, ContextTimeoutEnabled: true})
+	defer c.Close()
+	if err := ownServer(c, srv.proc.Pid); err != nil {
+		t.Fatalf("the soak's own server: %v", err)
+	}
+	if err := ownServer(c, srv.proc.Pid+1); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Fatalf("another pid: %v, want an error naming another process", err)
 	}
 }
