@@ -482,9 +482,8 @@ type cache struct {
 	perCaller    bool
 	strict       bool
 	lockWait     time.Duration
-	onError      func(ctx context.Context, key string, err error)
 	serveError   ServeErrorFunc
-	obs          Observer // nil: none
+	tel          telemetry // the counters' and observer's side of every call (observer.go)
 	base         *policy
 	prefixes     []*policy      // longest prefix first
 	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
@@ -507,8 +506,6 @@ type cache struct {
 	life  lifetime    // calls and goroutines under way, shared reads' included (internal/life)
 	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
 	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
-
-	served servedCounts // Serve's responses (serve.go)
 
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
@@ -581,9 +578,8 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		perCaller:    cfg.perCaller,
 		strict:       cfg.strict,
 		lockWait:     cfg.lockWait,
-		onError:      cfg.errorHandler,
 		serveError:   cfg.serveError,
-		obs:          cfg.observer,
+		tel:          telemetry{obs: cfg.observer, onError: cfg.errorHandler},
 		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 	}
 	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
@@ -591,7 +587,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 	}
 	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
-	c.leases.init()
+	c.leases.init(c.nodes, c.redisTimeout)
 	c.owed.Init(owedStore{c}, c.redisTimeout)
 	var err error
 	if c.base, err = resolve(c, "", cfg.base); err != nil {
@@ -743,7 +739,7 @@ func (c *cache) stats() Stats {
 		open, since := b.State()
 		s.Breakers = append(s.Breakers, BreakerState{Addr: b.Addr(), Open: open, Since: since})
 	})
-	s.Served = c.served.snapshot()
+	s.Served = c.tel.served.snapshot()
 	return s
 }
 
@@ -772,8 +768,9 @@ func (c *cache) policy(key string) *policy {
 	return c.base
 }
 
-func (c *cache) report(ctx context.Context, key string, err error) {
-	if c.onError != nil {
-		c.onError(ctx, key, err)
+// report gives err, a failure no caller gets, to the error handler.
+func (t *telemetry) report(ctx context.Context, key string, err error) {
+	if t.onError != nil {
+		t.onError(ctx, key, err)
 	}
 }

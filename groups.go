@@ -676,7 +676,7 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 		e := codec.Envelope{TTL: envelopeTTL(j.p, w.so)}
 		if len(w.so.groups) > 0 {
 			if err != nil {
-				c.report(ctx, w.key, keyErr("load", w.key, fmt.Errorf("not stored in groups %q: %w", w.so.groups, err)))
+				c.tel.report(ctx, w.key, keyErr("load", w.key, fmt.Errorf("not stored in groups %q: %w", w.so.groups, err)))
 				w.enc.release()
 				continue
 			}
@@ -690,7 +690,7 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 		}
 		stored, werr := wrap(w.stored, e)
 		if werr != nil {
-			c.report(ctx, w.key, keyErr("load", w.key, werr))
+			c.tel.report(ctx, w.key, keyErr("load", w.key, werr))
 			w.enc.release()
 			continue
 		}

@@ -3,6 +3,7 @@ package packcache
 import (
 	"context"
 	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 	"github.com/packcache/packcache/internal/singleflight"
 )
@@ -29,8 +31,8 @@ import (
 // whose holder stalled, died or gave up dies within leaseTTL.
 
 // tagged reports whether lease is one of this cache's (by its tag).
-func (c *cache) tagged(lease string) bool {
-	return len(lease) == 17 && lease[1:9] == string(c.leases.tag[:])
+func (b *leaseBook) tagged(lease string) bool {
+	return len(lease) == 17 && lease[1:9] == string(b.tag[:])
 }
 
 // placerPoll is how often a load waiting for the read that placed a lease
@@ -50,7 +52,7 @@ const placerPoll = 20 * time.Millisecond
 // what the key then holds, to be decided on (changed).
 func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *singleflight.Call[result], now judgement, changed bool) {
 	j := &l.jobs[i]
-	deadline := time.Now().Add(l.c.leaseTTL())
+	deadline := time.Now().Add(l.c.leases.ttl)
 	read := time.Now().Add(placerPoll)
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
@@ -97,7 +99,9 @@ func maybeRan(err error) bool {
 // leases it may have placed without knowing it, and the nodes that refuse
 // the read that places one.
 type leaseBook struct {
-	tag [8]byte // the random part of this cache's lease tokens: see newLease
+	tag   [8]byte        // the random part of this cache's lease tokens: see newToken
+	ttl   time.Duration  // how long a lease lives unless its holder extends it: see init
+	nodes *breaker.Nodes // the nodes, whose refusals of SET NX GET are kept
 
 	mu sync.Mutex
 	// unsure holds, by key, the token of a lease this process sent and
@@ -114,8 +118,47 @@ type leaseBook struct {
 	any      atomic.Bool
 }
 
-// init draws the cache's lease tag.
-func (b *leaseBook) init() { crand.Read(b.tag[:]) }
+// init draws the cache's lease tag. A lease lives three Redis budgets
+// (redisTimeout) unless its holder extends it, so that one extension that
+// fails or waits out its whole budget still leaves the lease a budget to
+// live before the next.
+func (b *leaseBook) init(nodes *breaker.Nodes, redisTimeout time.Duration) {
+	crand.Read(b.tag[:])
+	b.nodes, b.ttl = nodes, 3*redisTimeout
+}
+
+// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
+// and a counter, so that a read that may place a lease makes its token
+// with an atomic add, not a call to the system's random source, and a
+// cache knows its own leases by their tag.
+var leaseSeq atomic.Uint64
+
+// newToken returns a fresh lease value: the lease header byte and a
+// 16-byte token unique to this cache (its tag and a counter).
+func (l *leaseBook) newToken() string {
+	var b [17]byte
+	b[0] = codec.HeaderLease
+	copy(b[1:9], l.tag[:])
+	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
+	return string(b[:])
+}
+
+// canSetGet reports whether reads of key may place a lease with SET NX
+// GET: unless its node refused it within setGetBackoff. It costs one
+// atomic load while no node has.
+func (l *leaseBook) canSetGet(ctx context.Context, key string) bool {
+	if !l.any.Load() {
+		return true
+	}
+	v, ok := l.noSetGet.Load(l.nodes.ForKey(ctx, key))
+	return !ok || time.Now().UnixNano() >= v.(int64)
+}
+
+// refuseSetGet notes that key's node refused SET NX GET.
+func (l *leaseBook) refuseSetGet(ctx context.Context, key string) {
+	l.noSetGet.Store(l.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
+	l.any.Store(true)
+}
 
 type unsureLease struct {
 	token string
@@ -124,9 +167,8 @@ type unsureLease struct {
 
 // remember notes that key may hold this process's lease token, for as
 // long as it would live.
-func (c *cache) rememberLease(key, token string) {
+func (l *leaseBook) remember(key, token string) {
 	now := time.Now()
-	l := &c.leases
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.unsure == nil {
@@ -137,23 +179,21 @@ func (c *cache) rememberLease(key, token string) {
 			delete(l.unsure, k)
 		}
 	}
-	l.unsure[key] = unsureLease{token: token, until: now.Add(c.leaseTTL()).UnixNano()}
+	l.unsure[key] = unsureLease{token: token, until: now.Add(l.ttl).UnixNano()}
 }
 
-// ownsLease reports whether lease, found in key, is one this process sent
-// without learning its outcome (see rememberLease).
-func (c *cache) ownsLease(key, lease string) bool {
-	l := &c.leases
+// owns reports whether lease, found in key, is one this process sent
+// without learning its outcome (see remember).
+func (l *leaseBook) owns(key, lease string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	u, ok := l.unsure[key]
 	return ok && u.token == lease && time.Now().UnixNano() < u.until
 }
 
-// forgetLease forgets an unsure lease of key once this process has taken
+// forget forgets an unsure lease of key once this process has taken
 // it over or released it.
-func (c *cache) forgetLease(key, lease string) {
-	l := &c.leases
+func (l *leaseBook) forget(key, lease string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if u, ok := l.unsure[key]; ok && u.token == lease {
@@ -166,7 +206,7 @@ func (c *cache) forgetLease(key, lease string) {
 // it, and no load holds it. It is remembered as this process's until the
 // release tells it is gone (the read may yet land after the release).
 func (c *cache) dropLease(ctx context.Context, key, lease string) {
-	c.rememberLease(key, lease)
+	c.leases.remember(key, lease)
 	if !c.life.TrySpawn() {
 		return
 	}
@@ -184,7 +224,7 @@ func (c *cache) dropLease(ctx context.Context, key, lease string) {
 			return // not tried (an open breaker), or failed: remembered
 		}
 		if n, _ := cmd.Int(); n == 1 {
-			c.forgetLease(key, lease)
+			c.leases.forget(key, lease)
 		}
 	}()
 }
@@ -295,7 +335,7 @@ return 0`)
 func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
 	cmds := make([]*redis.Cmd, len(keys))
 	errs = c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leaseTTL().Milliseconds(), olds[i])
+		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leases.ttl.Milliseconds(), olds[i])
 		return cmds[i]
 	})
 	held = make([]string, len(keys))

@@ -272,7 +272,7 @@ func (c *cache) awaitLoad(ctx context.Context, key string, p *policy, j judgemen
 // StaleFor says.
 func (c *cache) fallBack(ctx context.Context, key string, j judgement, r result, err error) (result, error) {
 	if err != nil && j.v == vStale && ctx.Err() == nil && !errors.Is(err, ErrNotFound) {
-		c.report(ctx, key, err)
+		c.tel.report(ctx, key, err)
 		s := j.r
 		s.stale = true
 		return s, nil
@@ -354,7 +354,7 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 			j.res, j.err = result{}, keyErr("load", j.key, err)
 		}
 		if jerr := j.finishErr(); j.refresh && jerr != nil && !errors.Is(jerr, ErrNotFound) {
-			c.report(lctx, j.key, jerr)
+			c.tel.report(lctx, j.key, jerr)
 		}
 		if j.refresh && j.stored {
 			// Before finish, so that no refresh from the value it replaced
@@ -438,10 +438,10 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
 			atomic.AddUint64(&l.jobs[i].p.stats.LoadErrors, 1)
 		}
-		c.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
+		c.tel.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
 		return
 	}
-	c.observeLoad(p0, len(loading), start, err)
+	c.tel.observeLoad(p0, len(loading), start, err)
 	noStore := errors.Is(err, DoNotCache)
 	if err != nil && !noStore && !errors.Is(err, ErrNotFound) {
 		for _, i := range loading {
@@ -558,11 +558,11 @@ func callLoadFunc(ctx context.Context, fn loadFunc, keys []string) (map[string]a
 }
 
 // observeLoad tells the observer of a loader call that began at start.
-func (c *cache) observeLoad(p *policy, keys int, start time.Time, err error) {
-	if c.obs == nil {
+func (t *telemetry) observeLoad(p *policy, keys int, start time.Time, err error) {
+	if t.obs == nil {
 		return
 	}
-	c.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
+	t.obs.ObserveLoad(LoadEvent{Prefix: p.prefix, Keys: keys, Duration: time.Since(start), Err: err})
 }
 
 // fail ends job i with the load's error err: its callers get err, or,
@@ -574,7 +574,7 @@ func (l *loadRun) fail(ctx context.Context, i int, err error) {
 		err = keyErr("load", j.key, err)
 	}
 	if j.from.v == vStale {
-		l.c.report(ctx, j.key, err)
+		l.c.tel.report(ctx, j.key, err)
 		s := j.from.r
 		s.stale = true
 		j.res, j.err = s, nil
@@ -655,7 +655,7 @@ func (k *keeper) extend() {
 	defer c.life.Exit()
 	keys, leases := k.keys, k.leases
 	cmds := make([]*redis.Cmd, len(keys))
-	ms := c.leaseTTL().Milliseconds()
+	ms := c.leases.ttl.Milliseconds()
 	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
 		return cmds[i]
@@ -702,7 +702,7 @@ func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
 	})
 	for i, err := range errs {
 		if err != nil && !errors.Is(err, ErrCircuitOpen) {
-			c.report(ctx, keys[i], err)
+			c.tel.report(ctx, keys[i], err)
 		}
 	}
 }
@@ -862,10 +862,10 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 	case vStale, vUndecodable, vInvalid:
 		j.g, j.load = digestGuard(jd), true
 	case vUnavailable:
-		l.c.report(ctx, j.key, jd.err)
+		l.c.tel.report(ctx, j.key, jd.err)
 		j.g, j.load = guard{}, true
 		if jd.unsure != "" {
-			l.c.rememberLease(j.key, jd.unsure)
+			l.c.leases.remember(j.key, jd.unsure)
 		}
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
@@ -878,7 +878,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 			j.g, j.load = guard{}, true
 		}
 	case vLease:
-		if l.c.ownsLease(j.key, jd.lease) {
+		if l.c.leases.owns(j.key, jd.lease) {
 			j.seen, j.own = jd.lease, true
 			return
 		}
@@ -894,7 +894,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 		// One of this cache's leases, which the load began from (its read
 		// found it) and no load of this cache holds: the read that placed
 		// it has yet to register its load.
-		j.seen, j.mine = jd.lease, l.c.tagged(jd.lease) && j.from.v == vLease && jd.lease == j.token
+		j.seen, j.mine = jd.lease, l.c.leases.tagged(jd.lease) && j.from.v == vLease && jd.lease == j.token
 	}
 }
 
@@ -913,11 +913,11 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 		j := &l.jobs[i]
 		switch {
 		case over:
-			leases[n], olds[n] = c.newLease(), j.seen
+			leases[n], olds[n] = c.leases.newToken(), j.seen
 		case j.from.v == vMiss:
 			leases[n] = j.token // the lease this process's readers join by
 		default:
-			leases[n] = c.newLease()
+			leases[n] = c.leases.newToken()
 		}
 	}
 	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
@@ -932,14 +932,14 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 		switch {
 		case errs[n] == redis.Nil:
 			if over {
-				c.forgetLease(j.key, olds[n])
+				c.leases.forget(j.key, olds[n])
 			}
 			j.seen, j.g, j.load = "", guard{kind: guardLease, value: leases[n]}, true
 		case errs[n] != nil:
-			c.report(ctx, j.key, errs[n])
+			c.tel.report(ctx, j.key, errs[n])
 			j.seen, j.g, j.load = "", guard{}, true
 			if maybeRan(errs[n]) {
-				c.rememberLease(j.key, leases[n])
+				c.leases.remember(j.key, leases[n])
 			}
 		default:
 			j.seen = ""
@@ -970,7 +970,7 @@ func (c *cache) unstored(ctx context.Context, key string, p *policy, err error) 
 	case c.strict:
 		return true
 	}
-	c.report(ctx, key, err)
+	c.tel.report(ctx, key, err)
 	return false
 }
 
@@ -990,7 +990,7 @@ func (c *cache) loadToken(j judgement) string {
 		if j.placed != "" {
 			return j.placed
 		}
-		return c.newLease()
+		return c.leases.newToken()
 	case vLease:
 		return j.lease
 	case vUnavailable:

@@ -517,4 +517,4 @@ func (h streamHandler) Invalidate(keys []string) {
 	h.c.changed(invalidated, rest...)
 }
 func (h streamHandler) Flush()           { h.c.changed(flushed) }
-func (h streamHandler) Report(err error) { h.c.report(context.Background(), "", err) }
+func (h streamHandler) Report(err error) { h.c.tel.report(context.Background(), "", err) }

@@ -1,6 +1,7 @@
 package packcache
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 
@@ -121,6 +122,15 @@ func WithObserver(o Observer) Option {
 	return nonNil("WithObserver", "observer", o == nil, func(cfg *config) { cfg.observer = o })
 }
 
+// telemetry is the cache's side of what it tells: the Observer, the
+// error handler and Serve's response counts. (The counters of Stats are
+// the policies', bumped where they are counted.)
+type telemetry struct {
+	obs     Observer // nil: none
+	onError func(ctx context.Context, key string, err error)
+	served  servedCounts // Serve's responses (serve.go)
+}
+
 // redisFailed counts a failed Redis operation on key's prefix and tells the
 // observer, with the node's address.
 //
@@ -128,16 +138,22 @@ func WithObserver(o Observer) Option {
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
 func (c *cache) redisFailed(p *policy, b *breaker.Node, err error) {
-	atomic.AddUint64(&p.stats.RedisErrors, 1)
 	c.peers.stale()
-	if c.obs != nil {
-		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})
+	c.tel.redisFailed(p, b, err)
+}
+
+// redisFailed counts a failed Redis operation on key's prefix and tells the
+// observer, with the node's address.
+func (t *telemetry) redisFailed(p *policy, b *breaker.Node, err error) {
+	atomic.AddUint64(&p.stats.RedisErrors, 1)
+	if t.obs != nil {
+		t.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})
 	}
 }
 
 // observeCodec tells the observer of a value encoded or decoded since
 // start: stored is its stored form, plain the size of its serialized form.
-func (c *cache) observeCodec(p *policy, stored []byte, plain int, decode bool, start time.Time) {
+func (t *telemetry) observeCodec(p *policy, stored []byte, plain int, decode bool, start time.Time) {
 	name := "none"
 	if len(stored) > 0 && codec.IsHeader(stored[0]) {
 		if cd, ok := codec.Lookup(stored[0]); ok {
@@ -146,14 +162,14 @@ func (c *cache) observeCodec(p *policy, stored []byte, plain int, decode bool, s
 			name = "gzip"
 		}
 	}
-	c.obs.ObserveCodec(CodecEvent{Prefix: p.prefix, Codec: name, Decode: decode, Plain: plain, Stored: len(stored), Duration: time.Since(start)})
+	t.obs.ObserveCodec(CodecEvent{Prefix: p.prefix, Codec: name, Decode: decode, Plain: plain, Stored: len(stored), Duration: time.Since(start)})
 }
 
-// observePending tells the observer how many invalidations are pending,
+// observePending tells the observer that n invalidations are pending,
 // after one was kept or some landed.
-func (c *cache) observePending(p *policy) {
-	if c.obs != nil {
-		c.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: c.owed.Len()})
+func (t *telemetry) observePending(p *policy, n int) {
+	if t.obs != nil {
+		t.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Pending: n})
 	}
 }
 

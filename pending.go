@@ -88,15 +88,15 @@ func (s owedStore) Pending(op, key string, err error, kept bool, n int) error {
 	c := s.c
 	if !kept {
 		err = keyErr(op, key, fmt.Errorf("%w (and %d invalidations are already pending, the most this cache keeps: this one is not retried)", err, n))
-		c.report(context.Background(), key, err)
+		c.tel.report(context.Background(), key, err)
 		return err
 	}
-	c.observePending(c.policy(key))
+	c.tel.observePending(c.policy(key), c.owed.Len())
 	return &Error{Op: op, Key: key, Err: &pendingError{err}}
 }
 
 // Landed tells the observer how many invalidations are left.
-func (s owedStore) Landed() { s.c.observePending(s.c.base) }
+func (s owedStore) Landed() { s.c.tel.observePending(s.c.base, s.c.owed.Len()) }
 
 // pendingError is a failed write whose invalidation the cache will apply.
 type pendingError struct{ err error }

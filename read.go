@@ -39,7 +39,7 @@ func (c *cache) get(ctx context.Context, key string, p *policy, ld loadOne, r *r
 	for {
 		err, shared := c.getOnce(ctx, key, p, ld, r)
 		if err != nil || !r.lateFor(since) {
-			return c.count(p, r, err, shared)
+			return c.tel.count(p, r, err, shared)
 		}
 		// A grouped value that a load checked before this call began:
 		// read again. The call it came from has finished and is not
@@ -220,7 +220,7 @@ func (c *cache) act(ctx context.Context, f flight, j judgement) (result, error) 
 		case j.v == vCancelled: // the node is up: the caller gave up
 			c.dropLease(ctx, f.key, j.unsure)
 		default: // see judgement.unsure
-			c.rememberLease(f.key, j.unsure)
+			c.leases.remember(f.key, j.unsure)
 		}
 		return result{}, err
 	case load:
@@ -263,7 +263,7 @@ func (c *cache) rule(ctx context.Context, key string, j judgement, readThrough b
 			return false, j.err
 		}
 	case vUndecodable:
-		c.report(ctx, key, j.err)
+		c.tel.report(ctx, key, j.err)
 	}
 	return true, nil
 }
@@ -415,11 +415,11 @@ func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error
 	*r = result{}
 	plain := 0 // the serialized value's size, for the observer and the near cache
 	defer func() { r.size = plain }()
-	if c.obs != nil {
+	if c.tel.obs != nil {
 		start := time.Now()
 		defer func() {
 			if err == nil {
-				c.observeCodec(p, data, plain, true, start)
+				c.tel.observeCodec(p, data, plain, true, start)
 			}
 		}()
 	}
@@ -498,13 +498,13 @@ func (c *cache) unmarshal(data []byte) (any, error) {
 // deliver counts a caller's outcome and gives it its value (see count
 // and value).
 func (c *cache) deliver(key string, p *policy, r result, err error, shared bool) (any, error) {
-	err = c.count(p, &r, err, shared)
+	err = c.tel.count(p, &r, err, shared)
 	return c.value(key, &r, err)
 }
 
 // count counts a caller's outcome, for Stats and the Observer. shared says
 // whether the caller shared work another began.
-func (c *cache) count(p *policy, r *result, err error, shared bool) error {
+func (t *telemetry) count(p *policy, r *result, err error, shared bool) error {
 	o := readOutcome(r.stale, r.from, err)
 	near := o == ReadHit && r.from == fromNear
 	// Gets is not counted here: it is the sum of the outcomes (snapshot).
@@ -522,8 +522,8 @@ func (c *cache) count(p *policy, r *result, err error, shared bool) error {
 	default:
 		atomic.AddUint64(&p.stats.Hits, 1)
 	}
-	if c.obs != nil {
-		c.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})
+	if t.obs != nil {
+		t.obs.ObserveRead(ReadEvent{Prefix: p.prefix, Outcome: o, Shared: shared || r.joined, Near: near})
 	}
 	return err
 }

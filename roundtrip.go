@@ -2,7 +2,6 @@ package packcache
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"strconv"
 	"strings"
@@ -221,13 +220,13 @@ func circuitOpen(op, key string, b *breaker.Node) error {
 // by script.
 func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) reply {
 	rp := reply{left: -1}
-	if lease && c.canSetGet(ctx, key) {
-		rp.lease = c.newLease()
+	if lease && c.leases.canSetGet(ctx, key) {
+		rp.lease = c.leases.newToken()
 	}
 	rp.err = c.roundTrip(ctx, "get", key, p, true, func(ctx context.Context) error {
 		err := c.read(ctx, key, p, &rp)
 		if rp.lease != "" && setGetRefused(err) {
-			c.refuseSetGet(ctx, key)
+			c.leases.refuseSetGet(ctx, key)
 			rp.lease = ""
 			err = c.read(ctx, key, p, &rp)
 		}
@@ -253,7 +252,7 @@ func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) re
 func (c *cache) read(ctx context.Context, key string, p *policy, rp *reply) (err error) {
 	var get *redis.StringCmd
 	if rp.lease != "" {
-		get = setGetCmd(ctx, key, rp.lease, c.leaseTTL())
+		get = setGetCmd(ctx, key, rp.lease, c.leases.ttl)
 	} else {
 		get = redis.NewStringCmd(ctx, "get", key)
 	}
@@ -292,27 +291,6 @@ func ttlLeft(pttl *redis.DurationCmd) time.Duration {
 	return d
 }
 
-// leaseTTL is how long a lease lives unless its holder extends it: three
-// Redis budgets, so that one extension that fails or waits out its whole
-// budget still leaves the lease a budget to live before the next.
-func (c *cache) leaseTTL() time.Duration { return 3 * c.redisTimeout }
-
-// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
-// and a counter, so that a read that may place a lease makes its token
-// with an atomic add, not a call to the system's random source, and a
-// cache knows its own leases by their tag.
-var leaseSeq atomic.Uint64
-
-// newLease returns a fresh lease value: the lease header byte and a
-// 16-byte token unique to this cache (its tag and a counter).
-func (c *cache) newLease() string {
-	var b [17]byte
-	b[0] = codec.HeaderLease
-	copy(b[1:9], c.leases.tag[:])
-	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
-	return string(b[:])
-}
-
 // setGetBackoff is how long a node that refused SET NX GET is read with
 // GET before it is tried again: it may have been under maxmemory, or
 // replaced by a newer server.
@@ -336,23 +314,6 @@ func setGetRefused(err error) bool {
 		return false // the key's own: a GET gets it too
 	}
 	return !breaker.Unavailable(re)
-}
-
-// canSetGet reports whether reads of key may place a lease with SET NX
-// GET: unless its node refused it within setGetBackoff. It costs one
-// atomic load while no node has.
-func (c *cache) canSetGet(ctx context.Context, key string) bool {
-	if !c.leases.any.Load() {
-		return true
-	}
-	v, ok := c.leases.noSetGet.Load(c.nodes.ForKey(ctx, key))
-	return !ok || time.Now().UnixNano() >= v.(int64)
-}
-
-// refuseSetGet notes that key's node refused SET NX GET.
-func (c *cache) refuseSetGet(ctx context.Context, key string) {
-	c.leases.noSetGet.Store(c.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
-	c.leases.any.Store(true)
 }
 
 // setGetCmd is SET key lease PX ttl NX GET: it returns what key holds and

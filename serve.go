@@ -34,11 +34,11 @@ type ServeErrorFunc func(w http.ResponseWriter, r *http.Request, status int, err
 func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 	p := c.policy(key)
 	if !httpenc.CheckMethod(w, r) {
-		c.servedOne(p, http.StatusMethodNotAllowed, "", 0)
+		c.tel.servedOne(p, http.StatusMethodNotAllowed, "", 0)
 		return
 	}
 	if err := c.life.begin(opGet, key); err != nil {
-		c.servedOne(p, serveFailure(w, r, key, err, c.onError, c.serveError), "", 0)
+		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
 		return
 	}
 	defer c.life.Exit()
@@ -59,18 +59,18 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		b, err = httpenc.Pick(r, bytesOf(res.stored), res.edge, &served{c: c, key: key, p: p, res: res})
 	}
 	if err != nil {
-		c.servedOne(p, serveFailure(w, r, key, err, c.onError, c.serveError), "", 0)
+		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
 		return
 	}
 	status, n := httpenc.Write(w, r, b, contentType(c.kind.t, c.kind.raw, c.ser))
-	c.servedOne(p, status, b.Coding(), n)
+	c.tel.servedOne(p, status, b.Coding(), n)
 }
 
 // servedOne counts a response Serve wrote under p, and tells a
 // ServeObserver of it.
-func (c *cache) servedOne(p *policy, status int, coding string, bytes int) {
-	c.served.add(ServeResponse{Status: status, Coding: coding}, bytes)
-	if o, ok := c.obs.(ServeObserver); ok {
+func (t *telemetry) servedOne(p *policy, status int, coding string, bytes int) {
+	t.served.add(ServeResponse{Status: status, Coding: coding}, bytes)
+	if o, ok := t.obs.(ServeObserver); ok {
 		o.ObserveServe(ServeEvent{Prefix: p.prefix, Status: status, Coding: coding, Bytes: bytes})
 	}
 }

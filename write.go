@@ -162,11 +162,11 @@ func putBuf(b *[]byte) {
 // for the store of a loaded value.
 func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e encoded, err error) {
 	var start time.Time
-	if c.obs != nil {
+	if c.tel.obs != nil {
 		start = time.Now()
 		defer func() {
 			if err == nil {
-				c.observeCodec(p, e.stored, len(e.payload), false, start)
+				c.tel.observeCodec(p, e.stored, len(e.payload), false, start)
 			}
 		}()
 	}
@@ -195,7 +195,7 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 		if p.dict != nil {
 			ok, err := p.dict.Published(ctx, &p.dictRedis)
 			if err != nil {
-				c.report(ctx, key, keyErr(op, key, err))
+				c.tel.report(ctx, key, keyErr(op, key, err))
 			}
 			if !ok {
 				cd = p.undict // a value stored with a dictionary Redis may not hold could be unreadable elsewhere
@@ -210,7 +210,7 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 				return e, nil
 			}
 		} else {
-			c.report(ctx, key, keyErr(op, key, cerr))
+			c.tel.report(ctx, key, keyErr(op, key, cerr))
 		}
 	}
 	if verbatim {
