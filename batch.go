@@ -29,7 +29,7 @@ func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 	var sent time.Time
 	errs := c.roundTripMany(ctx, "get", keys, nil, false, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		gets[i] = pipe.Get(ctx, keys[i])
-		if c.policy(keys[i]).needsPTTL() {
+		if c.pols.of(keys[i]).needsPTTL() {
 			pttls[i] = pipe.PTTL(ctx, keys[i])
 			sent = time.Now()
 		}
@@ -84,7 +84,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 	keys, tickets := c.nearMany(keys, found)
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
-		p := c.policy(k)
+		p := c.pols.of(k)
 		j := c.judge(k, p, rp, readThrough)
 		if c.owed.Has(k) {
 			j = judgement{v: vOwed} // see get
@@ -130,7 +130,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 	calls := make([]*singleflight.Call[result], len(toLoad))
 	joined := make([]bool, len(toLoad))
 	for i, k := range toLoad {
-		p := c.policy(k)
+		p := c.pols.of(k)
 		token := c.loadToken(from[k])
 		calls[i], joined[i] = c.loads.Claim(k, token, true, c.coalesce)
 		if joined[i] {
@@ -144,7 +144,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 	}
 	var late []string
 	for i, k := range toLoad {
-		p := c.policy(k)
+		p := c.pols.of(k)
 		r, err := c.awaitLoad(ctx, k, p, from[k], calls[i], joined[i])
 		if err != nil && ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -174,7 +174,7 @@ func (c *cache) nearMany(keys []string, found map[string]any) ([]string, []ticke
 	}
 	rest := keys[:0:0]
 	for _, k := range keys {
-		p := c.policy(k)
+		p := c.pols.of(k)
 		if p.near != nil {
 			if e, ok := p.near.get(k); ok {
 				if v, err := c.deliver(k, p, result{val: e.val, data: e.data, from: fromNear}, nil, false); err == nil {
@@ -220,7 +220,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 		}
 	}()
 	for k, v := range items {
-		e, err := c.encode(ctx, "set", k, c.policy(k), v)
+		e, err := c.encode(ctx, "set", k, c.pols.of(k), v)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -228,7 +228,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 		e.detach()
 		keys = append(keys, k)
 		encs = append(encs, e)
-		p := c.policy(k)
+		p := c.pols.of(k)
 		ttl := p.ttl
 		if so.ttlSet {
 			ttl = so.ttl
@@ -259,7 +259,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 			errs = append(errs, err)
 			continue
 		}
-		atomic.AddUint64(&c.policy(keys[i]).stats.Sets, 1)
+		atomic.AddUint64(&c.pols.of(keys[i]).stats.Sets, 1)
 	}
 	return errors.Join(errs...)
 }

@@ -133,7 +133,7 @@ func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error)
 		return nil, err
 	}
 	defer c.life.Exit()
-	p := c.policy(key)
+	p := c.pols.of(key)
 	if fn == nil {
 		fn = p.loader
 	}
@@ -484,8 +484,7 @@ type cache struct {
 	lockWait     time.Duration
 	serveError   ServeErrorFunc
 	tel          telemetry // the counters' and observer's side of every call (observer.go)
-	base         *policy
-	prefixes     []*policy      // longest prefix first
+	pols         policies
 	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
 	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
 
@@ -590,7 +589,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 	c.leases.init(c.nodes, c.redisTimeout)
 	c.owed.Init(owedStore{c}, c.redisTimeout)
 	var err error
-	if c.base, err = resolve(c, "", cfg.base); err != nil {
+	if c.pols.base, err = resolve(c, "", cfg.base); err != nil {
 		return nil, cfg.envErr("", err)
 	}
 	for _, prefix := range cfg.sortedPrefixes() {
@@ -598,7 +597,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		if err != nil {
 			return nil, cfg.envErr(prefix, err)
 		}
-		c.prefixes = append(c.prefixes, p)
+		c.pols.prefixes = append(c.pols.prefixes, p)
 	}
 	c.peers.watch(rdb) // before the near cache's tracker meets the nodes
 	if err := c.startNear(rdb, cfg); err != nil {
@@ -722,9 +721,9 @@ func (c *cache) close() error {
 
 // stats is Stats.
 func (c *cache) stats() Stats {
-	s := Stats{Prefixes: make(map[string]Counters, len(c.prefixes)+1)}
+	s := Stats{Prefixes: make(map[string]Counters, len(c.pols.prefixes)+1)}
 	s.Counters.Codecs = map[string]CodecStats{}
-	for _, p := range append([]*policy{c.base}, c.prefixes...) {
+	for _, p := range append([]*policy{c.pols.base}, c.pols.prefixes...) {
 		snap := p.stats.snapshot()
 		s.Prefixes[p.prefix] = snap
 		s.Counters.add(snap)
@@ -759,13 +758,21 @@ func (c *cache) closeNear() {
 	})
 }
 
-func (c *cache) policy(key string) *policy {
-	for _, p := range c.prefixes {
+// policies are a cache's policies: the base policy, and those of its
+// prefixes, longest first.
+type policies struct {
+	base     *policy
+	prefixes []*policy
+}
+
+// of is key's policy: that of its longest prefix with one, else the base.
+func (ps *policies) of(key string) *policy {
+	for _, p := range ps.prefixes {
 		if strings.HasPrefix(key, p.prefix) {
 			return p
 		}
 	}
-	return c.base
+	return ps.base
 }
 
 // report gives err, a failure no caller gets, to the error handler.

@@ -99,7 +99,7 @@ func NearReceived[T any](c *Cache[T]) (messages, keys uint64) {
 // NearExpiry returns when key's near-cache entry ends, if c's near cache
 // holds one.
 func NearExpiry[T any](c *Cache[T], key string) (time.Time, bool) {
-	n := c.core.policy(key).near
+	n := c.core.pols.of(key).near
 	if n == nil {
 		return time.Time{}, false
 	}

@@ -152,7 +152,7 @@ func (c *cache) invalidateGroups(ctx context.Context, groups []string) error {
 	defer c.groupsChanged(true, keys...)
 	w := owed.Write{Op: opGroups, Keys: keys}
 	errs := c.owed.Write(ctx, &w, func() []error {
-		err := c.roundTrip(ctx, opGroups, groupSeqKey, c.base, true, func(ctx context.Context) error {
+		err := c.roundTrip(ctx, opGroups, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
 			return c.runGroupScript(ctx, c.rdb, invalidateScript, keys).Err()
 		})
 		out := make([]error, len(keys))
@@ -201,7 +201,7 @@ func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep
 		ms = max(keep.Milliseconds(), 1)
 	}
 	var cmd *redis.Cmd
-	err = c.roundTrip(ctx, op, groupSeqKey, c.policy(key), true, func(ctx context.Context) error {
+	err = c.roundTrip(ctx, op, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
 		cmd = c.runGroupScript(ctx, c.rdb, stampScript, keys, ms)
 		return cmd.Err()
 	})
@@ -222,7 +222,7 @@ func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep
 // groupSeq reads the group sequence, for a load about to call its loader.
 func (c *cache) groupSeq(ctx context.Context, key string) (uint64, error) {
 	var s string
-	err := c.roundTrip(ctx, opGet, groupSeqKey, c.policy(key), true, func(ctx context.Context) error {
+	err := c.roundTrip(ctx, opGet, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
 		var err error
 		s, err = c.rdb.Get(ctx, groupSeqKey).Result()
 		return err
@@ -325,7 +325,7 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 	}
 	checked := c.groups.checks.Add(1) // before the check is sent
 	var vals []any
-	err := c.roundTrip(ctx, opGet, groupSeqKey, c.base, true, func(ctx context.Context) error {
+	err := c.roundTrip(ctx, opGet, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
 		var err error
 		vals, err = c.rdb.MGet(ctx, keys...).Result()
 		return err
@@ -742,7 +742,7 @@ func (c *cache) groupStoredMany(ctx context.Context, keys []string, so setOption
 		}
 	}
 	for i, k := range keys {
-		e := codec.Envelope{TTL: envelopeTTL(c.policy(k), so)}
+		e := codec.Envelope{TTL: envelopeTTL(c.pols.of(k), so)}
 		if len(so.groups) > 0 {
 			e.Groups, e.Seq = so.groups, seq
 		}

@@ -213,7 +213,7 @@ func (c *cache) dropLease(ctx context.Context, key, lease string) {
 	go func() {
 		defer c.life.Exit()
 		var cmd *redis.Cmd
-		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.policy(key), false, func(ctx context.Context) error {
+		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.pols.of(key), false, func(ctx context.Context) error {
 			cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
 			if isNoScript(cmd.Err()) {
 				cmd = runScript(ctx, c.rdb, releaseScript, false, key, lease)

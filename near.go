@@ -410,15 +410,15 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		return nil
 	}
 	if lc := cfg.base.Local; !lc.zero() && lc.MaxBytes != Off {
-		if err := add(c.base, lc); err != nil {
+		if err := add(c.pols.base, lc); err != nil {
 			return err
 		}
 	}
-	for _, p := range c.prefixes {
+	for _, p := range c.pols.prefixes {
 		switch own := cfg.prefixes[p.prefix].Local; {
 		case own.zero():
-			if c.base.near != nil {
-				p.near = c.base.near
+			if c.pols.base.near != nil {
+				p.near = c.pols.base.near
 				track(p.prefix, p.near.lc)
 			}
 		case own.MaxBytes != Off:

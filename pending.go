@@ -75,7 +75,7 @@ func (s owedStore) Owes(key string, ttl time.Duration, err error) (until time.Ti
 		// Its members may live as long as any value: owed until it lands.
 		return time.Time{}, true
 	}
-	p := s.c.policy(key)
+	p := s.c.pols.of(key)
 	if p.ttl != Off && ttl != Off { // else the old value, or a late landing of this write, may never expire
 		until = time.Now().Add(max(p.ttl, ttl) + p.staleFor)
 	}
@@ -91,12 +91,12 @@ func (s owedStore) Pending(op, key string, err error, kept bool, n int) error {
 		c.tel.report(context.Background(), key, err)
 		return err
 	}
-	c.tel.observePending(c.policy(key), c.owed.Len())
+	c.tel.observePending(c.pols.of(key), c.owed.Len())
 	return &Error{Op: op, Key: key, Err: &pendingError{err}}
 }
 
 // Landed tells the observer how many invalidations are left.
-func (s owedStore) Landed() { s.c.tel.observePending(s.c.base, s.c.owed.Len()) }
+func (s owedStore) Landed() { s.c.tel.observePending(s.c.pols.base, s.c.owed.Len()) }
 
 // pendingError is a failed write whose invalidation the cache will apply.
 type pendingError struct{ err error }

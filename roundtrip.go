@@ -170,7 +170,7 @@ func (c *cache) policyOf(keys []string, ps []*policy, i int) *policy {
 	if ps != nil {
 		return ps[i]
 	}
-	return c.policy(keys[i])
+	return c.pols.of(keys[i])
 }
 
 // isNoScript reports a node's answer that it has not seen a script yet.

@@ -32,7 +32,7 @@ type ServeErrorFunc func(w http.ResponseWriter, r *http.Request, status int, err
 // internals: f decides what a client sees. A nil f restores the default.
 // serve is Serve.
 func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
-	p := c.policy(key)
+	p := c.pols.of(key)
 	if !httpenc.CheckMethod(w, r) {
 		c.tel.servedOne(p, http.StatusMethodNotAllowed, "", 0)
 		return

@@ -39,7 +39,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 		return err
 	}
 	defer c.life.Exit()
-	p := c.policy(key)
+	p := c.pols.of(key)
 	so := setOptions{ttl: p.ttl}
 	for _, o := range opts {
 		o(&so)
@@ -85,7 +85,7 @@ func (c *cache) remove(ctx context.Context, keys ...string) error {
 func (c *cache) del(ctx context.Context, key string) error {
 	w := owed.Write{Op: "delete", Keys: []string{key}}
 	return c.owed.Write(ctx, &w, func() []error {
-		return []error{c.roundTrip(ctx, "delete", key, c.policy(key), true, func(ctx context.Context) error {
+		return []error{c.roundTrip(ctx, "delete", key, c.pols.of(key), true, func(ctx context.Context) error {
 			return c.rdb.Del(ctx, key).Err()
 		})}
 	})[0]
@@ -318,7 +318,7 @@ func (c *cache) changed(how change, keys ...string) {
 	for _, k := range keys {
 		if c.nears != nil {
 			c.marks.touch(k)
-			if n := c.policy(k).near; n != nil {
+			if n := c.pols.of(k).near; n != nil {
 				n.entries.Invalidate(k)
 			}
 		}
