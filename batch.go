@@ -27,7 +27,7 @@ func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 	gets := make([]*redis.StringCmd, len(keys))
 	pttls := make([]*redis.DurationCmd, len(keys))
 	var sent time.Time
-	errs := c.roundTripMany(ctx, "get", keys, nil, false, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+	errs := c.remote.roundTripMany(ctx, "get", keys, nil, false, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 		gets[i] = pipe.Get(ctx, keys[i])
 		if c.pols.of(keys[i]).needsPTTL() {
 			pttls[i] = pipe.PTTL(ctx, keys[i])
@@ -251,7 +251,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 			}
 			return out
 		}
-		return c.roundTripMany(ctx, "set", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+		return c.remote.roundTripMany(ctx, "set", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 			return pipe.Set(ctx, keys[i], stored[i], redisTTL(ttls[i]))
 		})
 	}) {
@@ -270,7 +270,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 func (c *cache) delMany(ctx context.Context, keys []string) error {
 	w := owed.Write{Op: "delete", Keys: keys}
 	return errors.Join(c.owed.Write(ctx, &w, func() []error {
-		return c.roundTripMany(ctx, "delete", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
+		return c.remote.roundTripMany(ctx, "delete", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, _ bool) redis.Cmder {
 			return pipe.Del(ctx, keys[i])
 		})
 	})...)

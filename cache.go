@@ -21,7 +21,6 @@ import (
 	"github.com/packcache/packcache/internal/life"
 	"github.com/packcache/packcache/internal/owed"
 	"github.com/packcache/packcache/internal/singleflight"
-	"github.com/packcache/packcache/internal/tracking"
 )
 
 // A Cache stores values of type T in Redis. It is safe for concurrent use.
@@ -471,22 +470,19 @@ const tombstone = codec.HeaderTombstone
 // value's type, which kind describes. Values pass through it as an any
 // holding a *T (nil: none).
 type cache struct {
-	rdb          redis.UniversalClient
-	ser          Serializer
-	text         bool // ser.Text(), read once: values it writes are text
-	kind         kind
-	maxSize      int
-	loadTimeout  time.Duration
-	redisTimeout time.Duration
-	coalesce     bool
-	perCaller    bool
-	strict       bool
-	lockWait     time.Duration
-	serveError   ServeErrorFunc
-	tel          telemetry // the counters' and observer's side of every call (observer.go)
-	pols         policies
-	dicts        dictset.Set    // zstd dictionaries: the policies' own and those fetched from Redis
-	nodes        *breaker.Nodes // one circuit breaker per Redis node, and the judgement of its calls
+	remote     remote // Redis: the client, its nodes, and every call made to them (roundtrip.go)
+	ser        Serializer
+	text       bool // ser.Text(), read once: values it writes are text
+	kind       kind
+	maxSize    int
+	coalesce   bool
+	perCaller  bool
+	strict     bool
+	lockWait   time.Duration
+	serveError ServeErrorFunc
+	tel        telemetry // the counters' and observer's side of every call (observer.go)
+	pols       policies
+	dicts      dictset.Set // zstd dictionaries: the policies' own and those fetched from Redis
 
 	// Coalescing, where concurrent callers share work, is
 	// internal/singleflight: the reads of Get, GetOrLoad and Serve are
@@ -498,18 +494,15 @@ type cache struct {
 	lookups singleflight.Group[result, flight] // Gets without a loader: read and decode
 	reads   singleflight.Group[result, flight] // Gets with a loader: read, decode, and load on a miss
 	loads   singleflight.Registry[result]      // loads, shared by the reads that found the same state
-	leases  leaseBook                          // unsure leases, and nodes that refuse SET NX GET (lease.go)
 
 	groups groupState // groups in use (groups.go)
 
-	life  lifetime    // calls and goroutines under way, shared reads' included (internal/life)
-	owed  owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
-	peers peers       // a Cluster's node clients, for retries that follow a failover (failover.go)
+	life lifetime    // calls and goroutines under way, shared reads' included (internal/life)
+	owed owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
 
 	// The near caches (WithLocalCache), their invalidation stream, and
 	// the marks that keep a read begun before a write out of them.
 	nears     []*near
-	tracker   *tracking.Tracker
 	marks     marks
 	nearOnce  sync.Once
 	nearClock *otter.CoarseClock // otter's clock for the near caches' expiry (see newNear)
@@ -566,28 +559,31 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		return nil, fmt.Errorf("packcache: %w", err)
 	}
 	c := &cache{
-		rdb:          rdb,
-		ser:          cfg.serializer,
-		text:         cfg.serializer.Text(),
-		kind:         k,
-		maxSize:      cfg.maxValueSize,
-		loadTimeout:  cfg.loadTimeout,
-		redisTimeout: cfg.redisTimeout,
-		coalesce:     cfg.coalesce,
-		perCaller:    cfg.perCaller,
-		strict:       cfg.strict,
-		lockWait:     cfg.lockWait,
-		serveError:   cfg.serveError,
-		tel:          telemetry{obs: cfg.observer, onError: cfg.errorHandler},
-		nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
+		remote: remote{
+			rdb:          rdb,
+			loadTimeout:  cfg.loadTimeout,
+			redisTimeout: cfg.redisTimeout,
+			nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
+		},
+		ser:        cfg.serializer,
+		text:       cfg.serializer.Text(),
+		kind:       k,
+		maxSize:    cfg.maxValueSize,
+		coalesce:   cfg.coalesce,
+		perCaller:  cfg.perCaller,
+		strict:     cfg.strict,
+		lockWait:   cfg.lockWait,
+		serveError: cfg.serveError,
+		tel:        telemetry{obs: cfg.observer, onError: cfg.errorHandler},
 	}
+	c.remote.life, c.remote.tel, c.remote.pols = &c.life, &c.tel, &c.pols
 	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
 		g.Init(cfg.shareWindow, &c.life.Life, panicError)
 	}
 	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
 	c.life.init()
-	c.leases.init(c.nodes, c.redisTimeout)
-	c.owed.Init(owedStore{c}, c.redisTimeout)
+	c.remote.leases.init(c.remote.nodes, c.remote.redisTimeout)
+	c.owed.Init(owedStore{c}, c.remote.redisTimeout)
 	var err error
 	if c.pols.base, err = resolve(c, "", cfg.base); err != nil {
 		return nil, cfg.envErr("", err)
@@ -599,11 +595,11 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		}
 		c.pols.prefixes = append(c.pols.prefixes, p)
 	}
-	c.peers.watch(rdb) // before the near cache's tracker meets the nodes
+	c.remote.peers.watch(rdb) // before the near cache's tracker meets the nodes
 	if err := c.startNear(rdb, cfg); err != nil {
 		return nil, err
 	}
-	c.nodes.Watch(rdb)
+	c.remote.nodes.Watch(rdb)
 	return c, nil
 }
 
@@ -700,22 +696,22 @@ func (l *lifetime) begin(op, key string) error {
 func (c *cache) close() error {
 	idle := c.life.Close()
 	defer c.closeNear()
-	defer c.nodes.Close()
-	t := time.NewTimer(c.loadTimeout + 2*c.redisTimeout)
+	defer c.remote.nodes.Close()
+	t := time.NewTimer(c.remote.loadTimeout + 2*c.remote.redisTimeout)
 	defer t.Stop()
 	select {
 	case <-idle:
-		return closeOwed(&c.owed, &c.peers)
+		return closeOwed(&c.owed, &c.remote.peers)
 	case <-t.C:
 	}
 	c.life.cancel()
-	t.Reset(c.redisTimeout)
+	t.Reset(c.remote.redisTimeout)
 	select {
 	case <-idle:
-		return closeOwed(&c.owed, &c.peers)
+		return closeOwed(&c.owed, &c.remote.peers)
 	case <-t.C:
 		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-			c.life.Running(), c.loadTimeout+3*c.redisTimeout), closeOwed(&c.owed, &c.peers))
+			c.life.Running(), c.remote.loadTimeout+3*c.remote.redisTimeout), closeOwed(&c.owed, &c.remote.peers))
 	}
 }
 
@@ -734,7 +730,7 @@ func (c *cache) stats() Stats {
 	s.NearServing = len(c.nears) > 0 && c.nears[0].gate.Open()
 	o := c.owed.Stats()
 	s.Pending, s.PendingKept, s.PendingApplied, s.PendingExpired, s.PendingDropped = o.Owed, o.Kept, o.Applied, o.Expired, o.Dropped
-	c.nodes.Each(func(b *breaker.Node) {
+	c.remote.nodes.Each(func(b *breaker.Node) {
 		open, since := b.State()
 		s.Breakers = append(s.Breakers, BreakerState{Addr: b.Addr(), Open: open, Since: since})
 	})
@@ -745,8 +741,8 @@ func (c *cache) stats() Stats {
 // closeNear stops the near caches' goroutines, once.
 func (c *cache) closeNear() {
 	c.nearOnce.Do(func() {
-		if c.tracker != nil {
-			c.tracker.Close()
+		if c.remote.tracker != nil {
+			c.remote.tracker.Close()
 		}
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()

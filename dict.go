@@ -25,8 +25,8 @@ type dictRedis struct {
 // context, not a caller's: a fetch serves every read waiting for it.
 func (r *dictRedis) GetRange(key string, start, end int64) ([]byte, error) {
 	var b []byte
-	err := r.c.roundTrip(r.c.life.ctx, "get", key, r.p, true, func(ctx context.Context) (err error) {
-		b, err = r.c.rdb.GetRange(ctx, key, start, end).Bytes()
+	err := r.c.remote.roundTrip(r.c.life.ctx, "get", key, r.p, true, func(ctx context.Context) (err error) {
+		b, err = r.c.remote.rdb.GetRange(ctx, key, start, end).Bytes()
 		return err
 	})
 	return b, redisCause(err)
@@ -34,7 +34,7 @@ func (r *dictRedis) GetRange(key string, start, end int64) ([]byte, error) {
 
 // RunScript runs script on key, as a write of key.
 func (r *dictRedis) RunScript(ctx context.Context, script *redis.Script, key string, args ...any) error {
-	err := r.c.roundTripMany(ctx, "set", []string{key}, nil, true, func(ctx context.Context, pipe redis.Cmdable, _ int, sha bool) redis.Cmder {
+	err := r.c.remote.roundTripMany(ctx, "set", []string{key}, nil, true, func(ctx context.Context, pipe redis.Cmdable, _ int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, script, sha, key, args...)
 	})[0]
 	return redisCause(err)

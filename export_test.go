@@ -65,13 +65,13 @@ func (gobSerializer) Text() bool { return false }
 // release is called: it stands for a machine too loaded to run, in time,
 // whatever would close them. c must have a near cache.
 func HoldGates[T any](c *Cache[T]) (release func()) {
-	return c.core.tracker.HoldGates()
+	return c.core.remote.tracker.HoldGates()
 }
 
 // SlotWaiters returns how many of c's calls wait for a connection to a
 // node (see breaker.enter), over every node.
 func SlotWaiters[T any](c *Cache[T]) int64 {
-	return c.core.nodes.Waiting()
+	return c.core.remote.nodes.Waiting()
 }
 
 // LoadsUnderWay is the number of c's loads and refreshes under way (by
@@ -93,7 +93,7 @@ func WithTrackedReadHook(h redis.Hook) Option {
 // NearReceived returns how many invalidation messages naming keys c's near
 // cache has received, and how many keys they named.
 func NearReceived[T any](c *Cache[T]) (messages, keys uint64) {
-	return c.core.tracker.Received()
+	return c.core.remote.tracker.Received()
 }
 
 // NearExpiry returns when key's near-cache entry ends, if c's near cache

@@ -40,7 +40,7 @@ func TestProbeSendsGroupScript(t *testing.T) {
 	}
 	// "elsewhere": the master the client's map names, which is not the
 	// node probed.
-	ran := c.core.peers.invalidate(ctx, owner, "elsewhere:1", []string{rec}, []string{""}, []int{0})
+	ran := c.core.remote.peers.invalidate(ctx, owner, "elsewhere:1", []string{rec}, []string{""}, []int{0})
 	if len(ran) != 1 {
 		t.Fatalf("the probe did not run on the slot's owner: ran %v", ran)
 	}

@@ -152,8 +152,8 @@ func (c *cache) invalidateGroups(ctx context.Context, groups []string) error {
 	defer c.groupsChanged(true, keys...)
 	w := owed.Write{Op: opGroups, Keys: keys}
 	errs := c.owed.Write(ctx, &w, func() []error {
-		err := c.roundTrip(ctx, opGroups, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
-			return c.runGroupScript(ctx, c.rdb, invalidateScript, keys).Err()
+		err := c.remote.roundTrip(ctx, opGroups, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
+			return c.runGroupScript(ctx, c.remote.rdb, invalidateScript, keys).Err()
 		})
 		out := make([]error, len(keys))
 		for i := range out {
@@ -201,8 +201,8 @@ func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep
 		ms = max(keep.Milliseconds(), 1)
 	}
 	var cmd *redis.Cmd
-	err = c.roundTrip(ctx, op, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
-		cmd = c.runGroupScript(ctx, c.rdb, stampScript, keys, ms)
+	err = c.remote.roundTrip(ctx, op, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
+		cmd = c.runGroupScript(ctx, c.remote.rdb, stampScript, keys, ms)
 		return cmd.Err()
 	})
 	if err != nil {
@@ -222,9 +222,9 @@ func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep
 // groupSeq reads the group sequence, for a load about to call its loader.
 func (c *cache) groupSeq(ctx context.Context, key string) (uint64, error) {
 	var s string
-	err := c.roundTrip(ctx, opGet, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
+	err := c.remote.roundTrip(ctx, opGet, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
 		var err error
-		s, err = c.rdb.Get(ctx, groupSeqKey).Result()
+		s, err = c.remote.rdb.Get(ctx, groupSeqKey).Result()
 		return err
 	})
 	if err == redis.Nil {
@@ -325,9 +325,9 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 	}
 	checked := c.groups.checks.Add(1) // before the check is sent
 	var vals []any
-	err := c.roundTrip(ctx, opGet, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
+	err := c.remote.roundTrip(ctx, opGet, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
 		var err error
-		vals, err = c.rdb.MGet(ctx, keys...).Result()
+		vals, err = c.remote.rdb.MGet(ctx, keys...).Result()
 		return err
 	})
 	recs := make(map[string]uint64, len(keys))

@@ -52,7 +52,7 @@ const placerPoll = 20 * time.Millisecond
 // what the key then holds, to be decided on (changed).
 func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *singleflight.Call[result], now judgement, changed bool) {
 	j := &l.jobs[i]
-	deadline := time.Now().Add(l.c.leases.ttl)
+	deadline := time.Now().Add(l.c.remote.leases.ttl)
 	read := time.Now().Add(placerPoll)
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
@@ -205,18 +205,18 @@ func (l *leaseBook) forget(key, lease string) {
 // a caller that gave up before Redis answered: the read may have placed
 // it, and no load holds it. It is remembered as this process's until the
 // release tells it is gone (the read may yet land after the release).
-func (c *cache) dropLease(ctx context.Context, key, lease string) {
-	c.leases.remember(key, lease)
-	if !c.life.TrySpawn() {
+func (r *remote) dropLease(ctx context.Context, key, lease string) {
+	r.leases.remember(key, lease)
+	if !r.life.TrySpawn() {
 		return
 	}
 	go func() {
-		defer c.life.Exit()
+		defer r.life.Exit()
 		var cmd *redis.Cmd
-		err := c.roundTrip(context.WithoutCancel(ctx), "lease", key, c.pols.of(key), false, func(ctx context.Context) error {
-			cmd = runScript(ctx, c.rdb, releaseScript, true, key, lease)
+		err := r.roundTrip(context.WithoutCancel(ctx), "lease", key, r.pols.of(key), false, func(ctx context.Context) error {
+			cmd = runScript(ctx, r.rdb, releaseScript, true, key, lease)
 			if isNoScript(cmd.Err()) {
-				cmd = runScript(ctx, c.rdb, releaseScript, false, key, lease)
+				cmd = runScript(ctx, r.rdb, releaseScript, false, key, lease)
 			}
 			return cmd.Err()
 		})
@@ -224,7 +224,7 @@ func (c *cache) dropLease(ctx context.Context, key, lease string) {
 			return // not tried (an open breaker), or failed: remembered
 		}
 		if n, _ := cmd.Int(); n == 1 {
-			c.leases.forget(key, lease)
+			r.leases.forget(key, lease)
 		}
 	}()
 }
@@ -332,10 +332,10 @@ return 0`)
 // for none). A key's error is redis.Nil when its lease is in place; nil
 // when it holds something else, which held[i] is; otherwise the Redis
 // failure (see roundTripMany).
-func (c *cache) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
+func (r *remote) acquireLeases(ctx context.Context, keys, leases, olds []string) (held []string, errs []error) {
 	cmds := make([]*redis.Cmd, len(keys))
-	errs = c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
-		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], c.leases.ttl.Milliseconds(), olds[i])
+	errs = r.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+		cmds[i] = runScript(ctx, pipe, acquireScript, sha, keys[i], leases[i], r.leases.ttl.Milliseconds(), olds[i])
 		return cmds[i]
 	})
 	held = make([]string, len(keys))

@@ -142,7 +142,7 @@ func (c *cache) loadContext(ctx context.Context, keys []string, inline bool) (co
 		ctx = context.WithoutCancel(ctx)
 	}
 	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: c, keys: keys, parent: parent})
-	ctx, cancel := context.WithTimeout(ctx, c.loadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.remote.loadTimeout)
 	stop := context.AfterFunc(c.life.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
 }
@@ -222,7 +222,7 @@ func (j *loadJob) finishErr() error {
 func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error) {
 	if err := c.reentrant(ctx, f.key); err != nil {
 		if j.placed != "" {
-			c.releaseLeases(ctx, []string{f.key}, []string{j.placed})
+			c.remote.releaseLeases(ctx, []string{f.key}, []string{j.placed})
 		}
 		return result{}, err
 	}
@@ -527,10 +527,11 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	if slices.ContainsFunc(writes, func(w pendingWrite) bool { return len(w.so.groups) > 0 || w.so.ttlSet }) {
 		writes = l.envelop(sctx, writes, seq, seqErr)
 	}
-	for i, err := range c.storeGuarded(sctx, writes) {
+	for i, err := range c.remote.storeGuarded(sctx, writes) {
 		w := writes[i]
 		switch {
 		case err == nil:
+			c.changed(stored, w.key)
 			l.jobs[w.job].stored = true
 		case errors.Is(err, errSuperseded):
 			l.jobs[w.job].kept = true
@@ -597,7 +598,7 @@ func (l *loadRun) keep(ctx context.Context) (stop func()) {
 	if len(keys) == 0 {
 		return func() {}
 	}
-	return l.c.keepLeases(ctx, keys, leases).stop
+	return l.c.remote.keepLeases(ctx, keys, leases).stop
 }
 
 // extendScript sets the key's expiry to ARGV[2] ms only if it holds the
@@ -615,7 +616,7 @@ return 0`)
 // and no goroutine; each extension runs on the timer's goroutine, which
 // ends with it.
 type keeper struct {
-	c            *cache
+	r            *remote
 	ctx          context.Context // the load's
 	keys, leases []string
 
@@ -626,10 +627,10 @@ type keeper struct {
 
 // keepLeases starts a keeper of leases on keys for the load whose
 // context is ctx; it takes keys and leases as its own.
-func (c *cache) keepLeases(ctx context.Context, keys, leases []string) *keeper {
-	k := &keeper{c: c, ctx: ctx, keys: keys, leases: leases}
+func (r *remote) keepLeases(ctx context.Context, keys, leases []string) *keeper {
+	k := &keeper{r: r, ctx: ctx, keys: keys, leases: leases}
 	k.mu.Lock()
-	k.t = time.AfterFunc(c.redisTimeout, k.extend)
+	k.t = time.AfterFunc(r.redisTimeout, k.extend)
 	k.mu.Unlock()
 	return k
 }
@@ -648,15 +649,15 @@ func (k *keeper) extend() {
 	k.mu.Lock()
 	stopped := k.stopped
 	k.mu.Unlock()
-	c := k.c
-	if stopped || k.ctx.Err() != nil || !c.life.TrySpawn() {
+	r := k.r
+	if stopped || k.ctx.Err() != nil || !r.life.TrySpawn() {
 		return
 	}
-	defer c.life.Exit()
+	defer r.life.Exit()
 	keys, leases := k.keys, k.leases
 	cmds := make([]*redis.Cmd, len(keys))
-	ms := c.leases.ttl.Milliseconds()
-	errs := c.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	ms := r.leases.ttl.Milliseconds()
+	errs := r.roundTripMany(context.WithoutCancel(k.ctx), "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		cmds[i] = runScript(ctx, pipe, extendScript, sha, keys[i], leases[i], ms)
 		return cmds[i]
 	})
@@ -673,7 +674,7 @@ func (k *keeper) extend() {
 	k.keys, k.leases = keys[:n], leases[:n]
 	k.mu.Lock()
 	if !k.stopped && n > 0 && k.ctx.Err() == nil {
-		k.t.Reset(c.redisTimeout)
+		k.t.Reset(r.redisTimeout)
 	}
 	k.mu.Unlock()
 }
@@ -687,22 +688,22 @@ func (l *loadRun) release(ctx context.Context) {
 			keys, leases = append(keys, j.key), append(leases, j.g.value)
 		}
 	}
-	l.c.releaseLeases(ctx, keys, leases)
+	l.c.remote.releaseLeases(ctx, keys, leases)
 }
 
 // releaseLeases removes leases[i] from keys[i], in one pipeline, where it
 // is still there: the loads they stood for store nothing. Failures are
 // reported; a lease not released expires by itself.
-func (c *cache) releaseLeases(ctx context.Context, keys, leases []string) {
+func (r *remote) releaseLeases(ctx context.Context, keys, leases []string) {
 	if len(keys) == 0 {
 		return
 	}
-	errs := c.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs := r.roundTripMany(ctx, "lease", keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return runScript(ctx, pipe, releaseScript, sha, keys[i], leases[i])
 	})
 	for i, err := range errs {
 		if err != nil && !errors.Is(err, ErrCircuitOpen) {
-			c.tel.report(ctx, keys[i], err)
+			r.tel.report(ctx, keys[i], err)
 		}
 	}
 }
@@ -865,7 +866,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 		l.c.tel.report(ctx, j.key, jd.err)
 		j.g, j.load = guard{}, true
 		if jd.unsure != "" {
-			l.c.leases.remember(j.key, jd.unsure)
+			l.c.remote.leases.remember(j.key, jd.unsure)
 		}
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
@@ -878,7 +879,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 			j.g, j.load = guard{}, true
 		}
 	case vLease:
-		if l.c.leases.owns(j.key, jd.lease) {
+		if l.c.remote.leases.owns(j.key, jd.lease) {
 			j.seen, j.own = jd.lease, true
 			return
 		}
@@ -894,7 +895,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 		// One of this cache's leases, which the load began from (its read
 		// found it) and no load of this cache holds: the read that placed
 		// it has yet to register its load.
-		j.seen, j.mine = jd.lease, l.c.leases.tagged(jd.lease) && j.from.v == vLease && jd.lease == j.token
+		j.seen, j.mine = jd.lease, l.c.remote.leases.tagged(jd.lease) && j.from.v == vLease && jd.lease == j.token
 	}
 }
 
@@ -913,14 +914,14 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 		j := &l.jobs[i]
 		switch {
 		case over:
-			leases[n], olds[n] = c.leases.newToken(), j.seen
+			leases[n], olds[n] = c.remote.leases.newToken(), j.seen
 		case j.from.v == vMiss:
 			leases[n] = j.token // the lease this process's readers join by
 		default:
-			leases[n] = c.leases.newToken()
+			leases[n] = c.remote.leases.newToken()
 		}
 	}
-	held, errs := c.acquireLeases(ctx, l.keysOf(idx), leases, olds)
+	held, errs := c.remote.acquireLeases(ctx, l.keysOf(idx), leases, olds)
 	rps := make([]reply, len(idx))
 	for n := range idx {
 		rps[n] = reply{s: held[n], left: -1, err: errs[n]}
@@ -932,14 +933,14 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 		switch {
 		case errs[n] == redis.Nil:
 			if over {
-				c.leases.forget(j.key, olds[n])
+				c.remote.leases.forget(j.key, olds[n])
 			}
 			j.seen, j.g, j.load = "", guard{kind: guardLease, value: leases[n]}, true
 		case errs[n] != nil:
 			c.tel.report(ctx, j.key, errs[n])
 			j.seen, j.g, j.load = "", guard{}, true
 			if maybeRan(errs[n]) {
-				c.leases.remember(j.key, leases[n])
+				c.remote.leases.remember(j.key, leases[n])
 			}
 		default:
 			j.seen = ""
@@ -990,7 +991,7 @@ func (c *cache) loadToken(j judgement) string {
 		if j.placed != "" {
 			return j.placed
 		}
-		return c.leases.newToken()
+		return c.remote.leases.newToken()
 	case vLease:
 		return j.lease
 	case vUnavailable:

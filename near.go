@@ -448,7 +448,7 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		}
 		return err
 	}
-	c.tracker = tr
+	c.remote.tracker = tr
 	for _, n := range c.nears {
 		if n.lc.Untracked > 0 {
 			n.gate = tracking.Untracked()

@@ -23,7 +23,7 @@ import (
 // matching ErrTrackingRefused; one that cannot be reached does not (the
 // stream reports it, and the near cache does not serve meanwhile).
 func (c *cache) startTracker(rdb redis.UniversalClient, prefixes []string, interval time.Duration, keys bool, hooks []redis.Hook) (*tracking.Tracker, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(c.redisTimeout, time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), max(c.remote.redisTimeout, time.Second))
 	err := tracking.Probe(ctx, rdb)
 	cancel()
 	if err != nil {
@@ -46,14 +46,14 @@ func (c *cache) startTracker(rdb redis.UniversalClient, prefixes []string, inter
 // tracked one (see tracking.Tracker.Reader), with rd to end it with
 // trackedEnd; else, or when no tracked connection can be had, the
 // client's, whose value the near cache does not keep.
-func (c *cache) nearPipeline(ctx context.Context, key string, p *policy, rp *reply) (redis.Pipeliner, *tracking.Read) {
+func (r *remote) nearPipeline(ctx context.Context, key string, p *policy, rp *reply) (redis.Pipeliner, *tracking.Read) {
 	rp.tracked = false
-	if p.near == nil || p.near.lc.Tracking != TrackKeys || rp.untracked || c.tracker == nil {
-		return c.rdb.Pipeline(), nil
+	if p.near == nil || p.near.lc.Tracking != TrackKeys || rp.untracked || r.tracker == nil {
+		return r.rdb.Pipeline(), nil
 	}
-	rd := c.tracker.Reader(ctx, key, rp.lease != "")
+	rd := r.tracker.Reader(ctx, key, rp.lease != "")
 	if rd == nil {
-		return c.rdb.Pipeline(), nil
+		return r.rdb.Pipeline(), nil
 	}
 	return rd.Pipeline(), rd
 }

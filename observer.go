@@ -137,9 +137,9 @@ type telemetry struct {
 // On a Cluster it also asks go-redis to reload its map of the slots: a
 // node that times out may have been replaced by its replica, which the
 // map names only once reloaded (failover.go).
-func (c *cache) redisFailed(p *policy, b *breaker.Node, err error) {
-	c.peers.stale()
-	c.tel.redisFailed(p, b, err)
+func (r *remote) redisFailed(p *policy, b *breaker.Node, err error) {
+	r.peers.stale()
+	r.tel.redisFailed(p, b, err)
 }
 
 // redisFailed counts a failed Redis operation on key's prefix and tells the

@@ -30,7 +30,7 @@ const opInvalidate = "invalidate"
 // Invalidate sends the owed DELs through the client, one pipeline per
 // node (owedCommand: what each key is sent).
 func (s owedStore) Invalidate(ctx context.Context, keys, keeps []string) []error {
-	return s.c.roundTripMany(ctx, opInvalidate, keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	return s.c.remote.roundTripMany(ctx, opInvalidate, keys, nil, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		return owedCommand(ctx, pipe, sha, keys[i], keeps[i])
 	})
 }
@@ -56,12 +56,12 @@ func owedCommand(ctx context.Context, pipe redis.Cmdable, sha bool, key, keep st
 // Probe sends the owed DELs to other nodes of a Cluster (failover.go),
 // within a Redis budget.
 func (s owedStore) Probe(ctx context.Context, keys, keeps []string, ran []bool) bool {
-	if s.c.peers.cluster == nil {
+	if s.c.remote.peers.cluster == nil {
 		return false
 	}
-	bud := s.c.nodes.Budget(ctx, nil)
+	bud := s.c.remote.nodes.Budget(ctx, nil)
 	defer bud.End()
-	return s.c.peers.probe(bud, keys, keeps, ran)
+	return s.c.remote.peers.probe(bud, keys, keeps, ran)
 }
 
 // Owes owes a write that failed on ErrRedis (never the caller's own

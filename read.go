@@ -184,7 +184,12 @@ func (f flight) Run(ctx context.Context, cl *singleflight.Call[result]) (result,
 	if p.near != nil {
 		t = c.marks.take(key) // before the read is sent
 	}
-	rp := c.fetch(ctx, key, p, f.ld != nil)
+	rp := c.remote.fetch(ctx, key, p, f.ld != nil)
+	if rp.err == nil && len(rp.s) > 0 && rp.s[0] == codec.HeaderExtended {
+		rps := []reply{rp} // a value in an envelope: its groups are checked (groups.go)
+		c.checkGroups(ctx, rps)
+		rp = rps[0]
+	}
 	if cl != nil {
 		cl.Seal()
 	}
@@ -218,9 +223,9 @@ func (c *cache) act(ctx context.Context, f flight, j judgement) (result, error) 
 		switch {
 		case j.unsure == "":
 		case j.v == vCancelled: // the node is up: the caller gave up
-			c.dropLease(ctx, f.key, j.unsure)
+			c.remote.dropLease(ctx, f.key, j.unsure)
 		default: // see judgement.unsure
-			c.leases.remember(f.key, j.unsure)
+			c.remote.leases.remember(f.key, j.unsure)
 		}
 		return result{}, err
 	case load:

@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
+	"github.com/packcache/packcache/internal/tracking"
 )
 
 // Every Redis call the cache makes goes through roundTrip (one key) or
@@ -30,6 +30,24 @@ import (
 //   - the error: an *Error matching ErrRedis that names the key and the
 //     cause (the refused dial, not only the budget running out);
 //   - the counters and the observer.
+
+// remote is the cache's Redis: the client, its nodes' circuit breakers
+// (which also judge each call), a Cluster's node clients for retries
+// that follow a failover, and what the cache remembers of its leases.
+// Its methods are every call the cache makes, and the commands of a miss.
+type remote struct {
+	rdb          redis.UniversalClient
+	nodes        *breaker.Nodes
+	peers        peers     // failover.go
+	leases       leaseBook // lease.go
+	redisTimeout time.Duration
+	loadTimeout  time.Duration     // how long a call judged late is made again
+	tracker      *tracking.Tracker // the near caches' invalidation stream; TrackKeys reads go through it
+
+	life *lifetime  // the cache's: a call waits for a slot until Close
+	tel  *telemetry // failures are counted and observed
+	pols *policies  // a batch's keys' policies, when the caller has not resolved them
+}
 
 // The operations Redis calls are made for, as errors name them. Reads
 // ("get") begin work; the others finish it, and are given a turn at a
@@ -55,9 +73,9 @@ const (
 // the node answered other calls (judged late: see judgeCall) is made
 // again, each time with a budget of its own, for up to the load timeout
 // or until ctx ends.
-func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeatable bool, f func(context.Context) error) error {
-	b := c.nodes.Find(ctx, key)
-	slot, err := b.Enter(ctx, c.life.ctx.Done(), op != opGet)
+func (r *remote) roundTrip(ctx context.Context, op, key string, p *policy, repeatable bool, f func(context.Context) error) error {
+	b := r.nodes.Find(ctx, key)
+	slot, err := b.Enter(ctx, r.life.ctx.Done(), op != opGet)
 	if err != nil {
 		if err == breaker.ErrClosing {
 			err = ErrClosed
@@ -70,14 +88,14 @@ func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeat
 		if op != opInvalidate && !b.Allow() {
 			return circuitOpen(op, key, b)
 		}
-		bud := c.nodes.Budget(ctx, b)
+		bud := r.nodes.Budget(ctx, b)
 		if first.IsZero() {
 			first = bud.Start()
 		}
 		o, err := judgeCall(ctx, bud, b, op, key, f(bud))
 		bud.End()
 		b.Feed(o)
-		if o == breaker.Late && repeatable && c.life.ctx.Err() == nil && time.Since(first) < c.loadTimeout {
+		if o == breaker.Late && repeatable && r.life.ctx.Err() == nil && time.Since(first) < r.loadTimeout {
 			// Redis is fine and the call can be made again: failing it
 			// would send a read's surge, which this process cannot keep
 			// up with, to the database, and make a write pending. The
@@ -85,7 +103,7 @@ func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeat
 			continue
 		}
 		if o == breaker.Failed || o == breaker.RefusedConn {
-			c.redisFailed(p, b, err)
+			r.redisFailed(p, b, err)
 		}
 		return err
 	}
@@ -106,7 +124,7 @@ func (c *cache) roundTrip(ctx context.Context, op, key string, p *policy, repeat
 //
 // ps, when not nil, holds the keys' policies, which the caller has
 // resolved already (ps[i] is key i's); nil: they are looked up.
-func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, ps []*policy, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
+func (r *remote) roundTripMany(ctx context.Context, op string, keys []string, ps []*policy, single bool, queue func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder) []error {
 	errs := make([]error, len(keys))
 	switch {
 	case len(keys) == 0:
@@ -116,19 +134,19 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, ps 
 		// own bytes found in place, a dictionary's publication) or a
 		// "delete" changes nothing when made twice: made again if late.
 		repeatable := op == opSet || op == opDelete
-		errs[0] = c.roundTrip(ctx, op, keys[0], c.policyOf(keys, ps, 0), repeatable, func(ctx context.Context) error {
-			cmd := queue(ctx, c.rdb, 0, true)
+		errs[0] = r.roundTrip(ctx, op, keys[0], r.policyOf(keys, ps, 0), repeatable, func(ctx context.Context) error {
+			cmd := queue(ctx, r.rdb, 0, true)
 			if isNoScript(cmd.Err()) {
-				cmd = queue(ctx, c.rdb, 0, false)
+				cmd = queue(ctx, r.rdb, 0, false)
 			}
 			return cmd.Err()
 		})
 		return errs
 	}
-	bud := c.nodes.Budget(ctx, nil)
+	bud := r.nodes.Budget(ctx, nil)
 	defer bud.End()
-	nb := c.nodes.Batch(bud, keys)
-	pipe := c.rdb.Pipeline()
+	nb := r.nodes.Batch(bud, keys)
+	pipe := r.rdb.Pipeline()
 	cmds := make([]redis.Cmder, len(keys))
 	for i, k := range keys {
 		if op != opInvalidate && !nb.Allowed(i) {
@@ -157,7 +175,7 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, ps 
 		o, err := judgeCall(ctx, bud, nb.Of(i), op, keys[i], cmd.Err())
 		nb.Saw(i, o)
 		if o == breaker.Failed || o == breaker.RefusedConn {
-			c.redisFailed(c.policyOf(keys, ps, i), nb.Of(i), err)
+			r.redisFailed(r.policyOf(keys, ps, i), nb.Of(i), err)
 		}
 		errs[i] = err
 	}
@@ -166,11 +184,11 @@ func (c *cache) roundTripMany(ctx context.Context, op string, keys []string, ps 
 }
 
 // policyOf is key i's policy: ps[i], or looked up when ps is nil.
-func (c *cache) policyOf(keys []string, ps []*policy, i int) *policy {
+func (r *remote) policyOf(keys []string, ps []*policy, i int) *policy {
 	if ps != nil {
 		return ps[i]
 	}
-	return c.pols.of(keys[i])
+	return r.pols.of(keys[i])
 }
 
 // isNoScript reports a node's answer that it has not seen a script yet.
@@ -218,17 +236,17 @@ func circuitOpen(op, key string, b *breaker.Node) error {
 // the command (see setGetRefused) is read with a plain GET at once, in the
 // same budget, and for setGetBackoff after; its misses take their lease
 // by script.
-func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) reply {
+func (r *remote) fetch(ctx context.Context, key string, p *policy, lease bool) reply {
 	rp := reply{left: -1}
-	if lease && c.leases.canSetGet(ctx, key) {
-		rp.lease = c.leases.newToken()
+	if lease && r.leases.canSetGet(ctx, key) {
+		rp.lease = r.leases.newToken()
 	}
-	rp.err = c.roundTrip(ctx, "get", key, p, true, func(ctx context.Context) error {
-		err := c.read(ctx, key, p, &rp)
+	rp.err = r.roundTrip(ctx, "get", key, p, true, func(ctx context.Context) error {
+		err := r.read(ctx, key, p, &rp)
 		if rp.lease != "" && setGetRefused(err) {
-			c.leases.refuseSetGet(ctx, key)
+			r.leases.refuseSetGet(ctx, key)
 			rp.lease = ""
-			err = c.read(ctx, key, p, &rp)
+			err = r.read(ctx, key, p, &rp)
 		}
 		return err
 	})
@@ -239,35 +257,30 @@ func (c *cache) fetch(ctx context.Context, key string, p *policy, lease bool) re
 		rp.s, rp.err = "", redis.Nil
 	}
 	rp.placed = rp.lease != "" && rp.err == redis.Nil
-	if rp.err == nil && len(rp.s) > 0 && rp.s[0] == codec.HeaderExtended {
-		rps := []reply{rp}
-		c.checkGroups(ctx, rps)
-		rp = rps[0]
-	}
 	return rp
 }
 
 // read reads key into rp in one round trip: with PTTL when the policy
 // needs it, placing rp.lease where the key holds nothing when it is set.
-func (c *cache) read(ctx context.Context, key string, p *policy, rp *reply) (err error) {
+func (r *remote) read(ctx context.Context, key string, p *policy, rp *reply) (err error) {
 	var get *redis.StringCmd
 	if rp.lease != "" {
-		get = setGetCmd(ctx, key, rp.lease, c.leases.ttl)
+		get = setGetCmd(ctx, key, rp.lease, r.leases.ttl)
 	} else {
 		get = redis.NewStringCmd(ctx, "get", key)
 	}
 	if !p.needsPTTL() {
-		_ = c.rdb.Process(ctx, get)
+		_ = r.rdb.Process(ctx, get)
 		rp.s, err = get.Result()
 		return err
 	}
-	pipe, rd := c.nearPipeline(ctx, key, p, rp) // under TrackKeys, a tracked connection's (near_keys.go)
+	pipe, rd := r.nearPipeline(ctx, key, p, rp) // under TrackKeys, a tracked connection's (near_keys.go)
 	_ = pipe.Process(ctx, get)
 	pttl := pipe.PTTL(ctx, key)
 	rp.sent = time.Now()
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	if trackedEnd(rd, get, rp) {
-		return c.read(ctx, key, p, rp) // again, on the client
+		return r.read(ctx, key, p, rp) // again, on the client
 	}
 	if rp.s, err = get.Result(); err == nil {
 		// Only with a value: where the read placed a lease, PTTL tells
@@ -348,16 +361,17 @@ type pendingWrite struct {
 var errSuperseded = errors.New("packcache: superseded by a later write")
 
 // storeGuarded makes guarded writes in one pipeline, and returns each
-// one's error: nil when it wrote, errSuperseded when its guard no longer
+// one's error: nil when it wrote (the caller tells the cache the key
+// changed), errSuperseded when its guard no longer
 // held, or a Redis failure.
-func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
+func (r *remote) storeGuarded(ctx context.Context, writes []pendingWrite) []error {
 	keys := make([]string, len(writes))
 	ps := make([]*policy, len(writes))
 	for i, w := range writes {
 		keys[i], ps[i] = w.key, w.p
 	}
 	cmds := make([]*redis.Cmd, len(writes))
-	errs := c.roundTripMany(ctx, "set", keys, ps, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
+	errs := r.roundTripMany(ctx, "set", keys, ps, true, func(ctx context.Context, pipe redis.Cmdable, i int, sha bool) redis.Cmder {
 		w := writes[i]
 		cmds[i] = runScript(ctx, pipe, storeScript, sha, w.key, storeArgs(w.g, w.stored, w.ttl)...)
 		return cmds[i]
@@ -373,7 +387,6 @@ func (c *cache) storeGuarded(ctx context.Context, writes []pendingWrite) []error
 			continue
 		}
 		atomic.AddUint64(&p.stats.Stores, 1)
-		c.changed(stored, w.key)
 	}
 	return errs
 }

@@ -59,7 +59,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	return c.owed.Write(ctx, &w, func() []error {
 		err := serr // the groups' records could not be readied: nothing written
 		if err == nil {
-			err = c.set(ctx, key, p, stored, ttl)
+			err = c.remote.set(ctx, key, p, stored, ttl)
 		}
 		c.changed(written, key)
 		return []error{err}
@@ -85,8 +85,8 @@ func (c *cache) remove(ctx context.Context, keys ...string) error {
 func (c *cache) del(ctx context.Context, key string) error {
 	w := owed.Write{Op: "delete", Keys: []string{key}}
 	return c.owed.Write(ctx, &w, func() []error {
-		return []error{c.roundTrip(ctx, "delete", key, c.pols.of(key), true, func(ctx context.Context) error {
-			return c.rdb.Del(ctx, key).Err()
+		return []error{c.remote.roundTrip(ctx, "delete", key, c.pols.of(key), true, func(ctx context.Context) error {
+			return c.remote.rdb.Del(ctx, key).Err()
 		})}
 	})[0]
 }
@@ -257,9 +257,9 @@ func redisTTL(ttl time.Duration) time.Duration {
 // set writes stored under key unconditionally: a write of the caller's,
 // which overwrites any value and any lease, so that no load begun before
 // it can store its value afterwards (see the guarded stores in lease.go).
-func (c *cache) set(ctx context.Context, key string, p *policy, stored []byte, ttl time.Duration) error {
-	err := c.roundTrip(ctx, "set", key, p, true, func(ctx context.Context) error {
-		return c.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
+func (r *remote) set(ctx context.Context, key string, p *policy, stored []byte, ttl time.Duration) error {
+	err := r.roundTrip(ctx, "set", key, p, true, func(ctx context.Context) error {
+		return r.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
 	})
 	if err == nil {
 		atomic.AddUint64(&p.stats.Sets, 1)
