@@ -220,7 +220,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 		}
 	}()
 	for k, v := range items {
-		e, err := c.encode(ctx, "set", k, c.pols.of(k), v)
+		e, err := c.form.encode(ctx, "set", k, c.pols.of(k), v)
 		if err != nil {
 			errs = append(errs, err)
 			continue

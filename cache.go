@@ -138,7 +138,7 @@ func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error)
 	}
 	var r result
 	err := c.get(ctx, key, p, fn, &r)
-	return c.value(key, &r, err)
+	return c.form.value(key, &r, err)
 }
 
 // GetMany returns the values stored under keys, in one round trip per
@@ -471,18 +471,13 @@ const tombstone = codec.HeaderTombstone
 // holding a *T (nil: none).
 type cache struct {
 	remote     remote // Redis: the client, its nodes, and every call made to them (roundtrip.go)
-	ser        Serializer
-	text       bool // ser.Text(), read once: values it writes are text
-	kind       kind
-	maxSize    int
 	coalesce   bool
-	perCaller  bool
 	strict     bool
 	lockWait   time.Duration
 	serveError ServeErrorFunc
+	form       form      // how values are stored: serializer, codecs, size limit (serializer.go)
 	tel        telemetry // the counters' and observer's side of every call (observer.go)
 	pols       policies
-	dicts      dictset.Set // zstd dictionaries: the policies' own and those fetched from Redis
 
 	// Coalescing, where concurrent callers share work, is
 	// internal/singleflight: the reads of Get, GetOrLoad and Serve are
@@ -565,17 +560,13 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 			redisTimeout: cfg.redisTimeout,
 			nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 		},
-		ser:        cfg.serializer,
-		text:       cfg.serializer.Text(),
-		kind:       k,
-		maxSize:    cfg.maxValueSize,
 		coalesce:   cfg.coalesce,
-		perCaller:  cfg.perCaller,
 		strict:     cfg.strict,
 		lockWait:   cfg.lockWait,
 		serveError: cfg.serveError,
 		tel:        telemetry{obs: cfg.observer, onError: cfg.errorHandler},
 	}
+	c.form = form{ser: cfg.serializer, text: cfg.serializer.Text(), kind: k, maxSize: cfg.maxValueSize, perCaller: cfg.perCaller, tel: &c.tel}
 	c.remote.life, c.remote.tel, c.remote.pols = &c.life, &c.tel, &c.pols
 	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
 		g.Init(cfg.shareWindow, &c.life.Life, panicError)
@@ -645,7 +636,7 @@ func resolve(c *cache, prefix string, p Policy) (*policy, error) {
 		}
 	}
 	if p.Dictionary != nil {
-		d, dc, err := c.dicts.Writer(p.Dictionary, p.Codec)
+		d, dc, err := c.form.dicts.Writer(p.Dictionary, p.Codec)
 		if err != nil {
 			return nil, fmt.Errorf("packcache: prefix %q: %w", prefix, err)
 		}
@@ -656,9 +647,9 @@ func resolve(c *cache, prefix string, p Policy) (*policy, error) {
 	rp.dictRedis = dictRedis{c, rp}
 	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
 	if p.Loader != nil && p.Loader != any(Off) {
-		l, ok := c.kind.loader(p.Loader)
+		l, ok := c.form.kind.loader(p.Loader)
 		if !ok {
-			return nil, fmt.Errorf("packcache: loader for prefix %q is a %T, not a Loader[%s]", prefix, p.Loader, c.kind.t)
+			return nil, fmt.Errorf("packcache: loader for prefix %q is a %T, not a Loader[%s]", prefix, p.Loader, c.form.kind.t)
 		}
 		rp.loader = l
 	}

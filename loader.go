@@ -463,7 +463,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			j.g, j.kept = guard{}, true
 		}
 		v, ok := vals[j.key]
-		if ok && c.kind.isNil != nil && c.kind.isNil(v) {
+		if ok && c.form.kind.isNil != nil && c.form.kind.isNil(v) {
 			l.fail(ctx, i, ErrNilValue)
 			continue
 		}
@@ -490,20 +490,20 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		var e encoded
 		if j.g.kind != guardNone && !noStore {
 			var eerr error
-			e, eerr = c.encode(ctx, "load", j.key, p, v)
+			e, eerr = c.form.encode(ctx, "load", j.key, p, v)
 			j.kept = errors.Is(eerr, ErrTooLarge)
 			if eerr != nil && c.unstored(ctx, j.key, p, eerr) {
 				j.err = eerr
 				continue
 			}
 		}
-		if c.perCaller {
+		if c.form.perCaller {
 			// Each caller decodes its own copy: of the serialized value
 			// stored, or, if it is not stored, serialized here. (For raw
 			// T this is v's own slice; each caller copies it in deliver.)
 			if e.payload != nil {
 				r.data = bytes.Clone(e.payload)
-			} else if data, merr := c.marshal(nil, v); merr != nil {
+			} else if data, merr := c.form.marshal(nil, v); merr != nil {
 				e.release()
 				j.err = keyErr("load", j.key, merr)
 				continue

@@ -349,7 +349,7 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 	if left >= 0 {
 		j.expires = rp.sent.Add(left)
 	}
-	derr := c.decode(key, p, bytesOf(s), &j.r)
+	derr := c.form.decode(key, p, bytesOf(s), &j.r)
 	j.r.stored = s // for Serve, which may send it as it is
 	if left >= 0 {
 		j.r.expires = j.expires.UnixNano()
@@ -416,22 +416,22 @@ type reply struct {
 // decode turns a stored value into a result, written into r: the caller's
 // result lives where the shared work keeps it, so decoding into it costs
 // no allocation of its own.
-func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error) {
+func (fm *form) decode(key string, p *policy, data []byte, r *result) (err error) {
 	*r = result{}
 	plain := 0 // the serialized value's size, for the observer and the near cache
 	defer func() { r.size = plain }()
-	if c.tel.obs != nil {
+	if fm.tel.obs != nil {
 		start := time.Now()
 		defer func() {
 			if err == nil {
-				c.tel.observeCodec(p, data, plain, true, start)
+				fm.tel.observeCodec(p, data, plain, true, start)
 			}
 		}()
 	}
-	if c.kind.raw {
+	if fm.kind.raw {
 		// The caller owns what it gets: decompress into a new slice of
 		// its own, and copy a plain value out of the Redis reply.
-		b, err := c.dicts.Decode(nil, data, c.maxSize, &p.dictRedis)
+		b, err := fm.dicts.Decode(nil, data, fm.maxSize, &p.dictRedis)
 		if err != nil {
 			return keyErr("get", key, err)
 		}
@@ -441,25 +441,25 @@ func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error
 			b = []byte{}
 		}
 		plain = len(b)
-		if c.perCaller {
+		if fm.perCaller {
 			r.data = b // each caller copies it in deliver
 			return nil
 		}
-		r.val = c.kind.fromBytes(b)
+		r.val = fm.kind.fromBytes(b)
 		return nil
 	}
 	var payload []byte
 	if codec.Plain(data) || len(data) == 0 {
 		// A plain value is its own payload: no buffer needed.
 		var err error
-		if payload, err = c.dicts.Decode(nil, data, c.maxSize, &p.dictRedis); err != nil {
+		if payload, err = fm.dicts.Decode(nil, data, fm.maxSize, &p.dictRedis); err != nil {
 			return keyErr("get", key, err)
 		}
 	} else {
 		buf := getBuf()
 		defer putBuf(buf)
 		var err error
-		if payload, err = c.dicts.Decode((*buf)[:0], data, c.maxSize, &p.dictRedis); err != nil {
+		if payload, err = fm.dicts.Decode((*buf)[:0], data, fm.maxSize, &p.dictRedis); err != nil {
 			return keyErr("get", key, err)
 		}
 		if cap(payload) > cap(*buf) {
@@ -467,11 +467,11 @@ func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error
 		}
 	}
 	plain = len(payload)
-	if c.perCaller {
+	if fm.perCaller {
 		// Each caller decodes a copy of its own, later; decode one here
 		// as well, so that a value the serializer cannot read is judged
 		// undecodable now, and reloaded, rather than failing each caller.
-		if err := c.ser.Unmarshal(payload, c.kind.new()); err != nil {
+		if err := fm.ser.Unmarshal(payload, fm.kind.new()); err != nil {
 			return keyErr("get", key, serializationErr(err))
 		}
 		r.data = bytes.Clone(payload)
@@ -480,8 +480,8 @@ func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error
 		}
 		return nil
 	}
-	v := c.kind.new()
-	if err := c.ser.Unmarshal(payload, v); err != nil {
+	v := fm.kind.new()
+	if err := fm.ser.Unmarshal(payload, v); err != nil {
 		return keyErr("get", key, serializationErr(err))
 	}
 	r.val = v
@@ -489,12 +489,12 @@ func (c *cache) decode(key string, p *policy, data []byte, r *result) (err error
 }
 
 // unmarshal decodes a serialized value into a new *T.
-func (c *cache) unmarshal(data []byte) (any, error) {
-	if c.kind.raw {
-		return c.kind.fromBytes(bytes.Clone(data)), nil
+func (fm *form) unmarshal(data []byte) (any, error) {
+	if fm.kind.raw {
+		return fm.kind.fromBytes(bytes.Clone(data)), nil
 	}
-	v := c.kind.new()
-	if err := c.ser.Unmarshal(data, v); err != nil {
+	v := fm.kind.new()
+	if err := fm.ser.Unmarshal(data, v); err != nil {
 		return nil, serializationErr(err)
 	}
 	return v, nil
@@ -504,7 +504,7 @@ func (c *cache) unmarshal(data []byte) (any, error) {
 // and value).
 func (c *cache) deliver(key string, p *policy, r result, err error, shared bool) (any, error) {
 	err = c.tel.count(p, &r, err, shared)
-	return c.value(key, &r, err)
+	return c.form.value(key, &r, err)
 }
 
 // count counts a caller's outcome, for Stats and the Observer. shared says
@@ -553,14 +553,14 @@ func readOutcome(stale bool, from source, err error) ReadOutcome {
 
 // value gives a caller the value of its result: its own copy when each
 // caller decodes its own.
-func (c *cache) value(key string, r *result, err error) (any, error) {
+func (fm *form) value(key string, r *result, err error) (any, error) {
 	if err != nil {
 		return nil, err
 	}
 	if r.data == nil {
 		return r.val, nil
 	}
-	v, err := c.unmarshal(r.data)
+	v, err := fm.unmarshal(r.data)
 	if err != nil {
 		return nil, keyErr("get", key, err)
 	}

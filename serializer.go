@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	gojson "github.com/goccy/go-json"
+	"github.com/packcache/packcache/internal/dictset"
 )
 
 // A Serializer turns values into bytes and back. Implementations must be
@@ -65,4 +66,18 @@ type appendWriter struct{ b []byte }
 func (w *appendWriter) Write(p []byte) (int, error) {
 	w.b = append(w.b, p...)
 	return len(p), nil
+}
+
+// form is how a cache stores its values: the serializer, the zstd
+// dictionaries beside the policies' codecs, the size limit. Its methods
+// turn a value into stored bytes (encode, write.go) and stored bytes
+// into a value (decode, read.go).
+type form struct {
+	ser       Serializer
+	text      bool // ser.Text(), read once: values it writes are text
+	kind      kind
+	maxSize   int
+	perCaller bool        // each caller decodes a copy of its own (WithPerCallerDecode)
+	dicts     dictset.Set // zstd dictionaries: the policies' own and those fetched from Redis
+	tel       *telemetry  // encodes and decodes are observed
 }

@@ -62,7 +62,7 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
 		return
 	}
-	status, n := httpenc.Write(w, r, b, contentType(c.kind.t, c.kind.raw, c.ser))
+	status, n := httpenc.Write(w, r, b, contentType(c.form.kind.t, c.form.kind.raw, c.form.ser))
 	c.tel.servedOne(p, status, b.Coding(), n)
 }
 
@@ -163,24 +163,24 @@ func (s *served) Serialized() ([]byte, int, error) {
 	switch {
 	case res.data != nil: // each caller decodes its own: the payload
 		b = res.data
-	case s.c.kind.raw:
-		b = s.c.kind.bytes(res.val)
+	case s.c.form.kind.raw:
+		b = s.c.form.kind.bytes(res.val)
 	case res.stored != "" && codec.Plain(bytesOf(res.stored)):
 		b = bytesOf(res.stored)
 	}
 	if b == nil && res.stored != "" {
-		if d, err := codec.DecodeValue(nil, bytesOf(res.stored), s.c.maxSize); err == nil {
+		if d, err := codec.DecodeValue(nil, bytesOf(res.stored), s.c.form.maxSize); err == nil {
 			b, n = d, cap(d)
 		}
 	}
 	if b == nil {
-		d, err := s.c.marshal(nil, res.val)
+		d, err := s.c.form.marshal(nil, res.val)
 		if err != nil {
 			return nil, 0, err
 		}
 		b, n = d, cap(d)
 	}
-	if s.c.kind.t == rawJSON && !json.Valid(bytes.TrimPrefix(b, bom)) {
+	if s.c.form.kind.t == rawJSON && !json.Valid(bytes.TrimPrefix(b, bom)) {
 		// The serializer never read it: a json.RawMessage is the bytes
 		// stored, which anyone may have written (redis-cli SET).
 		return nil, 0, keyErr("get", s.key, serializationErr(errNotJSON))

@@ -47,7 +47,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	if err := checkTTL("SetTTL", so.ttl); err != nil {
 		return keyErr("set", key, err)
 	}
-	e, err := c.encode(ctx, "set", key, p, value)
+	e, err := c.form.encode(ctx, "set", key, p, value)
 	if err != nil {
 		return err
 	}
@@ -93,14 +93,14 @@ func (c *cache) del(ctx context.Context, key string) error {
 
 // marshal appends v's serialized form to dst. For raw T it returns v's
 // own bytes, not a copy.
-func (c *cache) marshal(dst []byte, v any) ([]byte, error) {
-	if c.kind.raw {
-		return c.kind.bytes(v), nil
+func (fm *form) marshal(dst []byte, v any) ([]byte, error) {
+	if fm.kind.raw {
+		return fm.kind.bytes(v), nil
 	}
 	if v == nil {
-		v = c.kind.new() // T's zero value
+		v = fm.kind.new() // T's zero value
 	}
-	b, err := c.ser.Marshal(dst, v)
+	b, err := fm.ser.Marshal(dst, v)
 	if err != nil {
 		return dst, serializationErr(err)
 	}
@@ -160,32 +160,32 @@ func putBuf(b *[]byte) {
 //
 // op names the call in errors: "set" for a write of the caller's, "load"
 // for the store of a loaded value.
-func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e encoded, err error) {
+func (fm *form) encode(ctx context.Context, op, key string, p *policy, v any) (e encoded, err error) {
 	var start time.Time
-	if c.tel.obs != nil {
+	if fm.tel.obs != nil {
 		start = time.Now()
 		defer func() {
 			if err == nil {
-				c.tel.observeCodec(p, e.stored, len(e.payload), false, start)
+				fm.tel.observeCodec(p, e.stored, len(e.payload), false, start)
 			}
 		}()
 	}
 	sbuf, fbuf := getBuf(), getBuf()
 	e.bufs = [2]*[]byte{sbuf, fbuf}
-	payload, err := c.marshal((*sbuf)[:0], v)
+	payload, err := fm.marshal((*sbuf)[:0], v)
 	if err != nil {
 		e.release()
 		return e, keyErr(op, key, err)
 	}
-	if !c.kind.raw {
+	if !fm.kind.raw {
 		*sbuf = payload[:0]
 	}
-	if len(payload) > c.maxSize {
+	if len(payload) > fm.maxSize {
 		e.release()
-		return e, keyErr(op, key, &kindError{ErrTooLarge, fmt.Errorf("too large to store: %d bytes serialized, over the limit of %d (WithMaxValueSize)", len(payload), c.maxSize)})
+		return e, keyErr(op, key, &kindError{ErrTooLarge, fmt.Errorf("too large to store: %d bytes serialized, over the limit of %d (WithMaxValueSize)", len(payload), fm.maxSize)})
 	}
 	e.payload = payload
-	verbatim := (c.kind.raw || c.text) && codec.Plain(payload)
+	verbatim := (fm.kind.raw || fm.text) && codec.Plain(payload)
 	plainLen := len(payload)
 	if !verbatim {
 		plainLen++
@@ -195,7 +195,7 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 		if p.dict != nil {
 			ok, err := p.dict.Published(ctx, &p.dictRedis)
 			if err != nil {
-				c.tel.report(ctx, key, keyErr(op, key, err))
+				fm.tel.report(ctx, key, keyErr(op, key, err))
 			}
 			if !ok {
 				cd = p.undict // a value stored with a dictionary Redis may not hold could be unreadable elsewhere
@@ -210,7 +210,7 @@ func (c *cache) encode(ctx context.Context, op, key string, p *policy, v any) (e
 				return e, nil
 			}
 		} else {
-			c.tel.report(ctx, key, keyErr(op, key, cerr))
+			fm.tel.report(ctx, key, keyErr(op, key, cerr))
 		}
 	}
 	if verbatim {
