@@ -44,7 +44,7 @@ func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 			}
 		}
 	}
-	c.checkGroups(ctx, out)
+	c.groups.checkGroups(ctx, out)
 	return out
 }
 
@@ -240,7 +240,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 	for i := range encs {
 		stored[i] = encs[i].stored
 	}
-	serr := c.groupStoredMany(ctx, keys, so, stored, ttls)
+	serr := c.groups.groupStoredMany(ctx, keys, so, stored, ttls)
 	w := owed.Write{Op: "set", Keys: keys, Stored: stored, TTL: so.ttl}
 	for i, err := range c.owed.Write(ctx, &w, func() []error {
 		if serr != nil {

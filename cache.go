@@ -568,6 +568,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 	}
 	c.form = form{ser: cfg.serializer, text: cfg.serializer.Text(), kind: k, maxSize: cfg.maxValueSize, perCaller: cfg.perCaller, tel: &c.tel}
 	c.remote.life, c.remote.tel, c.remote.pols = &c.life, &c.tel, &c.pols
+	c.groups.remote, c.groups.pols, c.groups.owed = &c.remote, &c.pols, &c.owed
 	for _, g := range []*singleflight.Group[result, flight]{&c.lookups, &c.reads} {
 		g.Init(cfg.shareWindow, &c.life.Life, panicError)
 	}

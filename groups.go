@@ -93,6 +93,11 @@ type groupState struct {
 	// A caller that began after the check its value passed began does
 	// not take that value (result.lateFor).
 	checks atomic.Uint64
+
+	remote *remote
+	pols   *policies
+	owed   *owed.Ledger // a group whose invalidation is owed is not trusted
+	marks  *marks       // the near caches' marks; nil: no near cache
 }
 
 // invalidateScript is InvalidateGroups: KEYS[1] is the sequence, the
@@ -153,7 +158,7 @@ func (c *cache) invalidateGroups(ctx context.Context, groups []string) error {
 	w := owed.Write{Op: opGroups, Keys: keys}
 	errs := c.owed.Write(ctx, &w, func() []error {
 		err := c.remote.roundTrip(ctx, opGroups, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
-			return c.runGroupScript(ctx, c.remote.rdb, invalidateScript, keys).Err()
+			return runGroupScript(ctx, c.remote.rdb, invalidateScript, keys).Err()
 		})
 		out := make([]error, len(keys))
 		for i := range out {
@@ -178,7 +183,7 @@ func dedupeErrs(errs []error) []error {
 
 // runGroupScript runs a script on the sequence and the records keys, by
 // EVALSHA, or EVAL where the node has not seen it.
-func (c *cache) runGroupScript(ctx context.Context, rdb redis.Cmdable, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+func runGroupScript(ctx context.Context, rdb redis.Cmdable, s *redis.Script, keys []string, args ...any) *redis.Cmd {
 	all := append([]string{groupSeqKey}, keys...)
 	cmd := s.EvalSha(ctx, rdb, all, args...)
 	if isNoScript(cmd.Err()) {
@@ -190,8 +195,8 @@ func (c *cache) runGroupScript(ctx context.Context, rdb redis.Cmdable, s *redis.
 // stamp readies the records of groups for a grouped write whose values
 // live up to keep (Off: without expiry), and returns the current sequence
 // and each group's record's sequence.
-func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep time.Duration) (seq uint64, recs map[string]uint64, err error) {
-	c.groups.used.Store(true)
+func (g *groupState) stamp(ctx context.Context, op, key string, groups []string, keep time.Duration) (seq uint64, recs map[string]uint64, err error) {
+	g.used.Store(true)
 	keys := make([]string, len(groups))
 	for i, g := range groups {
 		keys[i] = groupKey(g)
@@ -201,8 +206,8 @@ func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep
 		ms = max(keep.Milliseconds(), 1)
 	}
 	var cmd *redis.Cmd
-	err = c.remote.roundTrip(ctx, op, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
-		cmd = c.runGroupScript(ctx, c.remote.rdb, stampScript, keys, ms)
+	err = g.remote.roundTrip(ctx, op, groupSeqKey, g.pols.of(key), true, func(ctx context.Context) error {
+		cmd = runGroupScript(ctx, g.remote.rdb, stampScript, keys, ms)
 		return cmd.Err()
 	})
 	if err != nil {
@@ -220,11 +225,11 @@ func (c *cache) stamp(ctx context.Context, op, key string, groups []string, keep
 }
 
 // groupSeq reads the group sequence, for a load about to call its loader.
-func (c *cache) groupSeq(ctx context.Context, key string) (uint64, error) {
+func (g *groupState) groupSeq(ctx context.Context, key string) (uint64, error) {
 	var s string
-	err := c.remote.roundTrip(ctx, opGet, groupSeqKey, c.pols.of(key), true, func(ctx context.Context) error {
+	err := g.remote.roundTrip(ctx, opGet, groupSeqKey, g.pols.of(key), true, func(ctx context.Context) error {
 		var err error
-		s, err = c.remote.rdb.Get(ctx, groupSeqKey).Result()
+		s, err = g.remote.rdb.Get(ctx, groupSeqKey).Result()
 		return err
 	})
 	if err == redis.Nil {
@@ -285,7 +290,7 @@ type groupedReply struct {
 
 // checkGroups parses the envelopes among rps and checks the groups of
 // those that have any against Redis, with one MGET for them all.
-func (c *cache) checkGroups(ctx context.Context, rps []reply) {
+func (gs *groupState) checkGroups(ctx context.Context, rps []reply) {
 	var idx []int
 	var keys []string
 	for i := range rps {
@@ -293,7 +298,7 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 		if rp.err != nil || len(rp.s) == 0 || rp.s[0] != codec.HeaderExtended {
 			continue
 		}
-		c.groups.used.Store(true)
+		gs.used.Store(true)
 		g := &groupedReply{}
 		rp.grouped = g
 		env, inner, err := codec.ParseEnvelope(bytesOf(rp.s))
@@ -306,12 +311,12 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 			g.check = groupsCurrent
 			continue
 		}
-		if slices.ContainsFunc(env.Groups, func(gr string) bool { return c.owed.Has(groupKey(gr)) }) {
+		if slices.ContainsFunc(env.Groups, func(gr string) bool { return gs.owed.Has(groupKey(gr)) }) {
 			g.check = groupsOwed
 			continue
 		}
-		if c.nears != nil {
-			g.marks = c.marks.takeGroups(env.Groups) // before the check is sent
+		if gs.marks != nil {
+			g.marks = gs.marks.takeGroups(env.Groups) // before the check is sent
 		}
 		idx = append(idx, i)
 		for _, gr := range env.Groups {
@@ -323,11 +328,11 @@ func (c *cache) checkGroups(ctx context.Context, rps []reply) {
 	if len(idx) == 0 {
 		return
 	}
-	checked := c.groups.checks.Add(1) // before the check is sent
+	checked := gs.checks.Add(1) // before the check is sent
 	var vals []any
-	err := c.remote.roundTrip(ctx, opGet, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
+	err := gs.remote.roundTrip(ctx, opGet, groupSeqKey, gs.pols.base, true, func(ctx context.Context) error {
 		var err error
-		vals, err = c.remote.rdb.MGet(ctx, keys...).Result()
+		vals, err = gs.remote.rdb.MGet(ctx, keys...).Result()
 		return err
 	})
 	recs := make(map[string]uint64, len(keys))
@@ -560,7 +565,7 @@ func (l *loadRun) grouped(opts map[string]setOptions, err error) bool {
 // the sequence cannot be read, the first call's outcome stands, and its
 // grouped values go to the callers unstored.
 func (l *loadRun) again(ctx context.Context, fn loadFunc, keys []string, vals map[string]any, opts map[string]setOptions, err error) (map[string]any, map[string]setOptions, uint64, error, error) {
-	seq, serr := l.c.groupSeq(ctx, keys[0])
+	seq, serr := l.c.groups.groupSeq(ctx, keys[0])
 	if serr != nil {
 		return vals, opts, 0, serr, err
 	}
@@ -628,7 +633,7 @@ func (l *loadRun) raced(ctx context.Context, keys []string, seq uint64, opts map
 		return false
 	}
 	l.checked = l.c.groups.checks.Add(1) // before the check is sent
-	_, recs, serr := l.c.stamp(ctx, "load", keys[0], groups, keep)
+	_, recs, serr := l.c.groups.stamp(ctx, "load", keys[0], groups, keep)
 	if serr != nil {
 		return false // envelop tries again, and reports
 	}
@@ -668,7 +673,7 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 	case l.stamped != nil && !slices.ContainsFunc(groups, func(g string) bool { return !slices.Contains(l.stamped.groups, g) }):
 		recs = l.stamped.recs // readied by raced, for a life no shorter
 	default:
-		_, recs, err = c.stamp(ctx, "load", writes[0].key, groups, keep)
+		_, recs, err = c.groups.stamp(ctx, "load", writes[0].key, groups, keep)
 	}
 	out := writes[:0]
 	for _, w := range writes {
@@ -703,10 +708,10 @@ func (l *loadRun) envelop(ctx context.Context, writes []pendingWrite, seq uint64
 // groupStored is the bytes a Set of key stores: stored itself, or, in
 // groups (or with a TTL of its own to record), in its envelope, once the
 // groups' records are readied for a value living ttl.
-func (c *cache) groupStored(ctx context.Context, key string, p *policy, so setOptions, stored []byte, ttl time.Duration) ([]byte, error) {
+func (g *groupState) groupStored(ctx context.Context, key string, p *policy, so setOptions, stored []byte, ttl time.Duration) ([]byte, error) {
 	e := codec.Envelope{TTL: envelopeTTL(p, so)}
 	if len(so.groups) > 0 {
-		seq, _, err := c.stamp(ctx, "set", key, so.groups, ttl)
+		seq, _, err := g.stamp(ctx, "set", key, so.groups, ttl)
 		if err != nil {
 			return stored, err
 		}
@@ -722,7 +727,7 @@ func (c *cache) groupStored(ctx context.Context, key string, p *policy, so setOp
 // groupStoredMany is groupStored for SetMany: the groups' records are
 // readied once, for the longest-lived value, and stored[i] replaced by
 // what key i stores.
-func (c *cache) groupStoredMany(ctx context.Context, keys []string, so setOptions, stored [][]byte, ttls []time.Duration) error {
+func (g *groupState) groupStoredMany(ctx context.Context, keys []string, so setOptions, stored [][]byte, ttls []time.Duration) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -737,12 +742,12 @@ func (c *cache) groupStoredMany(ctx context.Context, keys []string, so setOption
 			}
 		}
 		var err error
-		if seq, _, err = c.stamp(ctx, "set", keys[0], so.groups, keep); err != nil {
+		if seq, _, err = g.stamp(ctx, "set", keys[0], so.groups, keep); err != nil {
 			return err
 		}
 	}
 	for i, k := range keys {
-		e := codec.Envelope{TTL: envelopeTTL(c.pols.of(k), so)}
+		e := codec.Envelope{TTL: envelopeTTL(g.pols.of(k), so)}
 		if len(so.groups) > 0 {
 			e.Groups, e.Seq = so.groups, seq
 		}

@@ -412,7 +412,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 	// puts in groups is stored only with it (groups.go).
 	seq, seqErr := uint64(0), errNoGroupSeq
 	if c.groups.used.Load() {
-		seq, seqErr = c.groupSeq(ctx, keys[0])
+		seq, seqErr = c.groups.groupSeq(ctx, keys[0])
 	}
 	start := time.Now()
 	// A panic in fn is the load's error, as any other it returns (a panic
@@ -926,7 +926,7 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 	for n := range idx {
 		rps[n] = reply{s: held[n], left: -1, err: errs[n]}
 	}
-	c.checkGroups(ctx, rps)
+	c.groups.checkGroups(ctx, rps)
 	for n, i := range idx {
 		j := &l.jobs[i]
 		j.own = false

@@ -406,6 +406,7 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 		}
 		p.near = n
 		c.nears = append(c.nears, n)
+		c.groups.marks = &c.marks
 		track(p.prefix, n.lc)
 		return nil
 	}

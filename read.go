@@ -187,7 +187,7 @@ func (f flight) Run(ctx context.Context, cl *singleflight.Call[result]) (result,
 	rp := c.remote.fetch(ctx, key, p, f.ld != nil)
 	if rp.err == nil && len(rp.s) > 0 && rp.s[0] == codec.HeaderExtended {
 		rps := []reply{rp} // a value in an envelope: its groups are checked (groups.go)
-		c.checkGroups(ctx, rps)
+		c.groups.checkGroups(ctx, rps)
 		rp = rps[0]
 	}
 	if cl != nil {

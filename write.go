@@ -54,7 +54,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	e.detach()
 	defer e.release()
 	ttl := c.expiry(p, so.ttl)
-	stored, serr := c.groupStored(ctx, key, p, so, e.stored, ttl)
+	stored, serr := c.groups.groupStored(ctx, key, p, so, e.stored, ttl)
 	w := owed.Write{Op: "set", Keys: []string{key}, Stored: [][]byte{stored}, TTL: so.ttl}
 	return c.owed.Write(ctx, &w, func() []error {
 		err := serr // the groups' records could not be readied: nothing written
