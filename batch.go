@@ -85,12 +85,12 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 	for i, rp := range c.fetchMany(ctx, keys) {
 		k := keys[i]
 		p := c.pols.of(k)
-		j := c.judge(k, p, rp, readThrough)
+		j := c.form.judge(k, p, rp, readThrough)
 		if c.owed.Has(k) {
 			j = judgement{v: vOwed} // see get
 		}
 		if tickets != nil && p.near != nil && j.v == vHit && !j.refresh {
-			c.keepNear(k, p, tickets[i], j, rp)
+			p.near.keepRead(k, p, tickets[i], j, rp)
 		}
 		load, err := c.rule(ctx, k, j, readThrough)
 		switch {
@@ -100,7 +100,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 			}
 			continue
 		case load:
-			if err := c.reentrant(ctx, k); err != nil {
+			if err := reentrant(ctx, c, k); err != nil {
 				*errs = append(*errs, err)
 				continue
 			}
@@ -131,7 +131,7 @@ func (c *cache) manyOnce(ctx context.Context, keys []string, ld loadFunc, since 
 	joined := make([]bool, len(toLoad))
 	for i, k := range toLoad {
 		p := c.pols.of(k)
-		token := c.loadToken(from[k])
+		token := loadToken(from[k], &c.remote.leases)
 		calls[i], joined[i] = c.loads.Claim(k, token, true, c.coalesce)
 		if joined[i] {
 			atomic.AddUint64(&p.stats.CoalescedWaits, 1)
@@ -233,7 +233,7 @@ func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOpt
 		if so.ttlSet {
 			ttl = so.ttl
 		}
-		ttls = append(ttls, c.expiry(p, ttl))
+		ttls = append(ttls, p.expiry(ttl))
 	}
 	defer func() { c.changed(written, keys...) }()
 	stored := make([][]byte, len(encs))

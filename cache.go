@@ -556,7 +556,6 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 	c := &cache{
 		remote: remote{
 			rdb:          rdb,
-			loadTimeout:  cfg.loadTimeout,
 			redisTimeout: cfg.redisTimeout,
 			nodes:        breaker.New(rdb, cfg.breaker, breakerEvents{cfg.observer}, cfg.redisTimeout),
 		},
@@ -573,7 +572,7 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		g.Init(cfg.shareWindow, &c.life.Life, panicError)
 	}
 	c.loads.SetWindow(cfg.shareWindow) // for loads begun with Redis unreachable
-	c.life.init()
+	c.life.init(cfg.loadTimeout)
 	c.remote.leases.init(c.remote.nodes, c.remote.redisTimeout)
 	c.owed.Init(owedStore{c}, c.remote.redisTimeout)
 	var err error
@@ -665,12 +664,14 @@ func resolve(c *cache, prefix string, p Policy) (*policy, error) {
 // outlives Close's wait.
 type lifetime struct {
 	life.Life
-	ctx    context.Context // ends background work that outlives Close's wait
-	cancel context.CancelFunc
+	loadTimeout time.Duration   // bounds every load, and how long a late Redis call is made again
+	ctx         context.Context // ends background work that outlives Close's wait
+	cancel      context.CancelFunc
 }
 
-func (l *lifetime) init() {
+func (l *lifetime) init(loadTimeout time.Duration) {
 	l.Init()
+	l.loadTimeout = loadTimeout
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 }
 
@@ -689,7 +690,7 @@ func (c *cache) close() error {
 	idle := c.life.Close()
 	defer c.closeNear()
 	defer c.remote.nodes.Close()
-	t := time.NewTimer(c.remote.loadTimeout + 2*c.remote.redisTimeout)
+	t := time.NewTimer(c.life.loadTimeout + 2*c.remote.redisTimeout)
 	defer t.Stop()
 	select {
 	case <-idle:
@@ -703,7 +704,7 @@ func (c *cache) close() error {
 		return closeOwed(&c.owed, &c.remote.peers)
 	case <-t.C:
 		return errors.Join(fmt.Errorf("packcache: Close: %d calls or loads still running %v after Close began (a loader ignoring its context?)",
-			c.life.Running(), c.remote.loadTimeout+3*c.remote.redisTimeout), closeOwed(&c.owed, &c.remote.peers))
+			c.life.Running(), c.life.loadTimeout+3*c.remote.redisTimeout), closeOwed(&c.owed, &c.remote.peers))
 	}
 }
 

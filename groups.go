@@ -154,7 +154,7 @@ func (c *cache) invalidateGroups(ctx context.Context, groups []string) error {
 	// This process at once: its near caches drop the groups' members,
 	// and no call that starts from now on shares a read or a load begun
 	// before, whether or not Redis takes the invalidation.
-	defer c.groupsChanged(true, keys...)
+	defer c.changed(groupsWritten, keys...)
 	w := owed.Write{Op: opGroups, Keys: keys}
 	errs := c.owed.Write(ctx, &w, func() []error {
 		err := c.remote.roundTrip(ctx, opGroups, groupSeqKey, c.pols.base, true, func(ctx context.Context) error {
@@ -363,7 +363,7 @@ func (gs *groupState) checkGroups(ctx context.Context, rps []reply) {
 
 // judgeGrouped is judge for a reply holding an envelope: what its groups
 // say, then what the value inside means.
-func (c *cache) judgeGrouped(key string, p *policy, rp reply, readThrough bool) judgement {
+func (fm *form) judgeGrouped(key string, p *policy, rp reply, readThrough bool) judgement {
 	g := rp.grouped
 	var j judgement
 	switch {
@@ -383,7 +383,7 @@ func (c *cache) judgeGrouped(key string, p *policy, rp reply, readThrough bool) 
 	case g.check == groupsCurrent:
 		in := rp
 		in.s, in.grouped, in.ttl = g.inner, nil, g.env.TTL
-		j = c.judge(key, p, in, readThrough)
+		j = fm.judge(key, p, in, readThrough)
 		switch j.v {
 		case vLease, vMiss, vUnavailable, vCancelled:
 			// An envelope holds a value, never a lease: not reached.
@@ -408,24 +408,6 @@ func (c *cache) judgeGrouped(key string, p *policy, rp reply, readThrough bool) 
 		j.digest = digest(rp.s)
 	}
 	return j
-}
-
-// groupsChanged is told that the records keys of groups changed: by this
-// process's InvalidateGroups (local), or as the invalidation stream says.
-// The near caches stop serving the groups' members at once; calls that
-// start from now on share no read begun before, and, for this process's
-// own invalidation, no load either.
-func (c *cache) groupsChanged(local bool, keys ...string) {
-	if c.nears != nil {
-		for _, k := range keys {
-			c.marks.touchGroup(strings.TrimPrefix(k, groupPrefix))
-		}
-	}
-	c.lookups.ForgetAll()
-	c.reads.ForgetAll()
-	if local {
-		c.loads.ForgetAll()
-	}
 }
 
 // groupTickets are the near-cache marks of a value's groups, taken before

@@ -25,10 +25,10 @@ import (
 // Redis commands of a miss (roundtrip.go); how a load keeps its leases
 // alive is the load's (loader.go).
 //
-// A lease lives for leaseTTL, three Redis budgets, from when it is placed
+// A lease lives for leaseBook.ttl, three Redis budgets, from when it is placed
 // or last extended. The load that holds it extends it every budget while
 // its loader runs (keeper), so a lease lives as long as its load; a lease
-// whose holder stalled, died or gave up dies within leaseTTL.
+// whose holder stalled, died or gave up dies within leaseBook.ttl.
 
 // tagged reports whether lease is one of this cache's (by its tag).
 func (b *leaseBook) tagged(lease string) bool {
@@ -62,7 +62,7 @@ func (l *loadRun) awaitPlacer(ctx context.Context, i int, lease string) (other *
 			return other, judgement{}, false
 		}
 		if registered || !time.Now().Before(read) {
-			jd := l.c.judge(j.key, j.p, l.c.fetchMany(ctx, []string{j.key})[0], true)
+			jd := l.c.form.judge(j.key, j.p, l.c.fetchMany(ctx, []string{j.key})[0], true)
 			if registered || jd.v != vLease || jd.lease != lease {
 				return nil, jd, true
 			}

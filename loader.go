@@ -121,8 +121,9 @@ func (l *loading) storeOptions() map[string]setOptions {
 	return l.opts
 }
 
-// reentrant reports a call for key made from inside key's own load.
-func (c *cache) reentrant(ctx context.Context, key string) error {
+// reentrant reports a call for key, of the cache c, made from inside
+// key's own load.
+func reentrant(ctx context.Context, c *cache, key string) error {
 	l, _ := ctx.Value(loadingKey{}).(*loading)
 	for ; l != nil; l = l.parent {
 		if l.cache == any(c) && slices.Contains(l.keys, key) {
@@ -136,21 +137,21 @@ func (c *cache) reentrant(ctx context.Context, key string) error {
 // marked with the keys, bounded by the load timeout and by Close. Unless
 // inline, it is detached from ctx's cancellation, since the load goes on
 // for every caller that shares it.
-func (c *cache) loadContext(ctx context.Context, keys []string, inline bool) (context.Context, context.CancelFunc) {
+func (l *lifetime) loadContext(ctx context.Context, c *cache, keys []string, inline bool) (context.Context, context.CancelFunc) {
 	parent, _ := ctx.Value(loadingKey{}).(*loading)
 	if !inline {
 		ctx = context.WithoutCancel(ctx)
 	}
 	ctx = context.WithValue(ctx, loadingKey{}, &loading{cache: c, keys: keys, parent: parent})
-	ctx, cancel := context.WithTimeout(ctx, c.remote.loadTimeout)
-	stop := context.AfterFunc(c.life.ctx, cancel)
+	ctx, cancel := context.WithTimeout(ctx, l.loadTimeout)
+	stop := context.AfterFunc(l.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
 }
 
 // loadEnded is the error of a load whose context ended before its loader
 // returned.
-func (c *cache) loadEnded(ctx context.Context, key string) error {
-	if c.life.ctx.Err() != nil {
+func (l *lifetime) loadEnded(ctx context.Context, key string) error {
+	if l.ctx.Err() != nil {
 		return keyErr("load", key, &kindError{ErrClosed, ctx.Err()})
 	}
 	return keyErr("load", key, &kindError{ErrLoadTimeout, ctx.Err()})
@@ -220,13 +221,13 @@ func (j *loadJob) finishErr() error {
 // process's load of the key begun from the same state, or starts one on a
 // goroutine of its own, and waits for it under ctx.
 func (c *cache) load(ctx context.Context, f flight, j judgement) (result, error) {
-	if err := c.reentrant(ctx, f.key); err != nil {
+	if err := reentrant(ctx, c, f.key); err != nil {
 		if j.placed != "" {
 			c.remote.releaseLeases(ctx, []string{f.key}, []string{j.placed})
 		}
 		return result{}, err
 	}
-	token := c.loadToken(j)
+	token := loadToken(j, &c.remote.leases)
 	// A load whose read placed its lease is the lease's holder: it never
 	// joins another. (A read of this process that found the lease before
 	// this one registered may have started a load under the same token;
@@ -314,17 +315,17 @@ func (c *cache) runLoad(ctx context.Context, fn loadFunc, jobs []loadJob, releas
 		keys[i] = jobs[i].key
 		jobs[i].err = singleflight.ErrGoexit // what runtime.Goexit in fn leaves (see finishErr)
 	}
-	lctx, cancel := c.loadContext(ctx, keys, false)
+	lctx, cancel := c.life.loadContext(ctx, c, keys, false)
 	defer cancel()
 	timeout := context.AfterFunc(lctx, func() {
 		ended := false
 		for i := range jobs {
-			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, result{}, c.loadEnded(lctx, jobs[i].key)) || ended
+			ended = c.loads.Finish(jobs[i].key, jobs[i].cl, result{}, c.life.loadEnded(lctx, jobs[i].key)) || ended
 		}
 		// Only a load that had not finished (its context ended first, not
 		// its cancel at the end of runLoad) releases a read's callers.
 		if ended && released != nil {
-			released(c.loadEnded(lctx, jobs[0].key))
+			released(c.life.loadEnded(lctx, jobs[0].key))
 		}
 	})
 	l := &loadRun{c: c, jobs: jobs}
@@ -435,7 +436,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 		// Past the load timeout (or Close): the callers have, or are
 		// about to get, the timeout, whatever fn returned.
 		for _, i := range loading {
-			l.jobs[i].err = c.loadEnded(ctx, l.jobs[i].key)
+			l.jobs[i].err = c.life.loadEnded(ctx, l.jobs[i].key)
 			atomic.AddUint64(&l.jobs[i].p.stats.LoadErrors, 1)
 		}
 		c.tel.observeLoad(p0, len(loading), start, l.jobs[loading[0]].err)
@@ -492,7 +493,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			var eerr error
 			e, eerr = c.form.encode(ctx, "load", j.key, p, v)
 			j.kept = errors.Is(eerr, ErrTooLarge)
-			if eerr != nil && c.unstored(ctx, j.key, p, eerr) {
+			if eerr != nil && l.unstored(ctx, j.key, p, eerr) {
 				j.err = eerr
 				continue
 			}
@@ -518,7 +519,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			if so.ttlSet {
 				ttl = so.ttl
 			}
-			writes = append(writes, pendingWrite{job: i, key: j.key, p: p, g: j.g, stored: e.stored, ttl: c.expiry(p, ttl), enc: e, so: so})
+			writes = append(writes, pendingWrite{job: i, key: j.key, p: p, g: j.g, stored: e.stored, ttl: p.expiry(ttl), enc: e, so: so})
 		}
 	}
 	// A write goes in an envelope only where the loader placed it in
@@ -535,7 +536,7 @@ func (l *loadRun) run(ctx context.Context, fn loadFunc, live func() bool) {
 			l.jobs[w.job].stored = true
 		case errors.Is(err, errSuperseded):
 			l.jobs[w.job].kept = true
-		case c.unstored(ctx, w.key, l.jobs[w.job].p, err):
+		case l.unstored(ctx, w.key, l.jobs[w.job].p, err):
 			l.jobs[w.job].res, l.jobs[w.job].err = result{}, err
 		}
 	}
@@ -586,7 +587,7 @@ func (l *loadRun) fail(ctx context.Context, i int, err error) {
 
 // keep keeps the leases the load holds alive while its loader runs and
 // its values are stored (see keeper), and returns the function that stops
-// it: a lease lives as long as its load, and dies within leaseTTL of the
+// it: a lease lives as long as its load, and dies within leaseBook.ttl of the
 // load's end, or of its context's.
 func (l *loadRun) keep(ctx context.Context) (stop func()) {
 	var keys, leases []string
@@ -738,7 +739,7 @@ func (l *loadRun) settle(ctx context.Context) {
 	if len(reread) > 0 {
 		for n, rp := range c.fetchMany(ctx, l.keysOf(reread)) {
 			i := reread[n]
-			l.decide(ctx, i, c.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
+			l.decide(ctx, i, c.form.judge(l.jobs[i].key, l.jobs[i].p, rp, true), &missing)
 		}
 	}
 	l.acquire(ctx, missing, false)
@@ -822,7 +823,7 @@ func (l *loadRun) awaitLeases(ctx context.Context, waiting []int) []int {
 		for n, rp := range c.fetchMany(ctx, l.keysOf(waiting)) {
 			i := waiting[n]
 			j := &l.jobs[i]
-			if jj := c.judge(j.key, j.p, rp, true); jj.v == vLease {
+			if jj := c.form.judge(j.key, j.p, rp, true); jj.v == vLease {
 				if other := c.loads.JoinOrWait(j.key, jj.lease, j.cl); other != nil {
 					// A load of this process holds it: see decide.
 					j.seen, j.join = "", other
@@ -871,7 +872,7 @@ func (l *loadRun) decide(ctx context.Context, i int, jd judgement, missing *[]in
 	case vOwed: // loads, and stores nothing until the invalidation lands
 		j.g, j.load = guard{}, true
 	case vCancelled: // the load's own context ended (its timeout, or Close)
-		j.res, j.err = result{}, l.c.loadEnded(ctx, j.key)
+		j.res, j.err = result{}, l.c.life.loadEnded(ctx, j.key)
 	case vMiss:
 		if missing != nil {
 			*missing = append(*missing, i)
@@ -944,7 +945,7 @@ func (l *loadRun) acquire(ctx context.Context, idx []int, over bool) {
 			}
 		default:
 			j.seen = ""
-			l.decide(ctx, i, c.judge(j.key, j.p, rps[n], true), nil)
+			l.decide(ctx, i, c.form.judge(j.key, j.p, rps[n], true), nil)
 		}
 	}
 }
@@ -962,16 +963,16 @@ func (l *loadRun) keysOf(idx []int) []string {
 // fails them. A value too large to store (WithMaxValueSize) is theirs all
 // the same: it is counted and reported, and stored nowhere. A Redis
 // failure is reported, and fails them only with WithStrictRedis.
-func (c *cache) unstored(ctx context.Context, key string, p *policy, err error) (fail bool) {
+func (l *loadRun) unstored(ctx context.Context, key string, p *policy, err error) (fail bool) {
 	switch {
 	case errors.Is(err, ErrSerialization):
 		return true
 	case errors.Is(err, ErrTooLarge):
 		atomic.AddUint64(&p.stats.TooLarge, 1)
-	case c.strict:
+	case l.c.strict:
 		return true
 	}
-	c.tel.report(ctx, key, err)
+	l.c.tel.report(ctx, key, err)
 	return false
 }
 
@@ -985,13 +986,13 @@ func isKeyError(err error, key string) bool {
 // found the same state share it: for a miss, the new lease the load will
 // write; for a lease, that lease; for a value in place, its digest; with
 // Redis unreachable, singleflight.Unproven.
-func (c *cache) loadToken(j judgement) string {
+func loadToken(j judgement, leases *leaseBook) string {
 	switch j.v {
 	case vMiss:
 		if j.placed != "" {
 			return j.placed
 		}
-		return c.remote.leases.newToken()
+		return leases.newToken()
 	case vLease:
 		return j.lease
 	case vUnavailable:

@@ -268,7 +268,7 @@ func (n *near) put(key string, t ticket, gt groupTickets, r result, until time.T
 		return
 	}
 	if until.IsZero() && n.lc.Untracked > 0 {
-		return // an untracked entry's end is always given (see keepNear)
+		return // an untracked entry's end is always given (see near.keepRead)
 	}
 	var eg *httpenc.Edge
 	var stored int64
@@ -442,7 +442,7 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 	// The groups' records too: a near cache drops a group's members when
 	// another process invalidates it (groups.go).
 	tracked = append(tracked, groupPrefix)
-	tr, err := c.startTracker(rdb, tracked, minLag/4, keys, cfg.readHooks)
+	tr, err := startTracker(rdb, streamHandler{c}, c.remote.redisTimeout, tracked, minLag/4, keys, cfg.readHooks)
 	if err != nil {
 		for _, n := range c.nears {
 			n.entries.StopAllGoroutines()
@@ -460,7 +460,7 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 	return nil
 }
 
-// keepNear puts a value read from Redis in key's near cache, unless a
+// keepRead puts a value read from Redis in key's near cache, unless a
 // write of key came since t. The entry lives no longer than the value in
 // Redis, counted from when the read was sent (Redis expires it later
 // still), nor past the moment it turns stale or due for refresh: a value
@@ -468,8 +468,8 @@ func (c *cache) startNear(rdb redis.UniversalClient, cfg config) (err error) {
 //
 // Under TrackKeys only a tracked read (rp.tracked) is kept; an Untracked
 // entry ends Untracked after its read was sent.
-func (c *cache) keepNear(key string, p *policy, t ticket, j judgement, rp reply) {
-	lc := p.near.lc
+func (n *near) keepRead(key string, p *policy, t ticket, j judgement, rp reply) {
+	lc := n.lc
 	if lc.Tracking == TrackKeys && !rp.tracked {
 		return
 	}
@@ -494,7 +494,7 @@ func (c *cache) keepNear(key string, p *policy, t ticket, j judgement, rp reply)
 	if !until.IsZero() && !time.Now().Before(until) {
 		return
 	}
-	p.near.put(key, t, j.marks, j.r, until)
+	n.put(key, t, j.marks, j.r, until)
 }
 
 // A streamHandler is the cache as the invalidation stream's
@@ -510,7 +510,7 @@ func (h streamHandler) Invalidate(keys []string) {
 	var rest []string
 	for _, k := range keys {
 		if isGroupKey(k) {
-			h.c.groupsChanged(false, k)
+			h.c.changed(groupsInvalidated, k)
 		} else {
 			rest = append(rest, k)
 		}

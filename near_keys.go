@@ -15,15 +15,15 @@ import (
 // (startTracker); under TrackKeys, a read that may fill the near cache runs
 // on one of the stream's tracked connections (nearPipeline) and says
 // whether Redis now tracks its key for this process (trackedEnd), which
-// keepNear requires.
+// near.keepRead requires.
 
 // startTracker starts the invalidation stream of the tracked near caches:
 // broadcast for prefixes, and with keys, reader connections that track
 // per key. A server that refuses CLIENT TRACKING fails it with an error
 // matching ErrTrackingRefused; one that cannot be reached does not (the
 // stream reports it, and the near cache does not serve meanwhile).
-func (c *cache) startTracker(rdb redis.UniversalClient, prefixes []string, interval time.Duration, keys bool, hooks []redis.Hook) (*tracking.Tracker, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(c.remote.redisTimeout, time.Second))
+func startTracker(rdb redis.UniversalClient, h tracking.Handler, redisTimeout time.Duration, prefixes []string, interval time.Duration, keys bool, hooks []redis.Hook) (*tracking.Tracker, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(redisTimeout, time.Second))
 	err := tracking.Probe(ctx, rdb)
 	cancel()
 	if err != nil {
@@ -32,9 +32,9 @@ func (c *cache) startTracker(rdb redis.UniversalClient, prefixes []string, inter
 	}
 	var tr *tracking.Tracker
 	if keys {
-		tr, err = tracking.NewKeys(rdb, prefixes, interval, streamHandler{c}, hooks...)
+		tr, err = tracking.NewKeys(rdb, prefixes, interval, h, hooks...)
 	} else {
-		tr, err = tracking.New(rdb, prefixes, interval, streamHandler{c})
+		tr, err = tracking.New(rdb, prefixes, interval, h)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("packcache: %w", err)

@@ -155,7 +155,7 @@ func (c *cache) fast(ctx context.Context, key string, p *policy, readThrough boo
 	default:
 		// Under way: a loader waiting for its own key's read would wait
 		// for itself.
-		if err := c.reentrant(ctx, key); err != nil {
+		if err := reentrant(ctx, c, key); err != nil {
 			return err, true
 		}
 	}
@@ -193,9 +193,9 @@ func (f flight) Run(ctx context.Context, cl *singleflight.Call[result]) (result,
 	if cl != nil {
 		cl.Seal()
 	}
-	j := c.judge(key, p, rp, f.ld != nil)
+	j := c.form.judge(key, p, rp, f.ld != nil)
 	if p.near != nil && j.v == vHit && !j.refresh {
-		c.keepNear(key, p, t, j, rp)
+		p.near.keepRead(key, p, t, j, rp)
 	}
 	r, err := c.act(ctx, f, j)
 	// Under TrackKeys only a tracked read hears of a later write of its
@@ -212,7 +212,7 @@ func (f flight) Joining(ctx context.Context, key string, running bool) error {
 	if !running {
 		return nil
 	}
-	return f.c.reentrant(ctx, key)
+	return reentrant(ctx, f.c, key)
 }
 
 // act does with a judgement what rule says, for one key.
@@ -320,7 +320,7 @@ type judgement struct {
 // value. Get, GetOrLoad, GetMany, GetOrLoadMany and the loads all use it.
 // readThrough says whether the caller has a loader: only then is a digest
 // (for a guarded reload) or a refresh worth computing.
-func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgement {
+func (fm *form) judge(key string, p *policy, rp reply, readThrough bool) judgement {
 	s, left := rp.s, rp.left
 	switch err := rp.err; {
 	case err == redis.Nil && rp.placed:
@@ -340,7 +340,7 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 	case len(s) > 0 && s[0] == codec.HeaderLease:
 		return judgement{v: vLease, lease: s}
 	case len(s) > 0 && s[0] == codec.HeaderExtended:
-		return c.judgeGrouped(key, p, rp, readThrough)
+		return fm.judgeGrouped(key, p, rp, readThrough)
 	}
 	j := judgement{left: left, ttl: p.ttl}
 	if rp.ttl > 0 {
@@ -349,7 +349,7 @@ func (c *cache) judge(key string, p *policy, rp reply, readThrough bool) judgeme
 	if left >= 0 {
 		j.expires = rp.sent.Add(left)
 	}
-	derr := c.form.decode(key, p, bytesOf(s), &j.r)
+	derr := fm.decode(key, p, bytesOf(s), &j.r)
 	j.r.stored = s // for Serve, which may send it as it is
 	if left >= 0 {
 		j.r.expires = j.expires.UnixNano()

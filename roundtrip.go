@@ -41,7 +41,6 @@ type remote struct {
 	peers        peers     // failover.go
 	leases       leaseBook // lease.go
 	redisTimeout time.Duration
-	loadTimeout  time.Duration     // how long a call judged late is made again
 	tracker      *tracking.Tracker // the near caches' invalidation stream; TrackKeys reads go through it
 
 	life *lifetime  // the cache's: a call waits for a slot until Close
@@ -95,7 +94,7 @@ func (r *remote) roundTrip(ctx context.Context, op, key string, p *policy, repea
 		o, err := judgeCall(ctx, bud, b, op, key, f(bud))
 		bud.End()
 		b.Feed(o)
-		if o == breaker.Late && repeatable && r.life.ctx.Err() == nil && time.Since(first) < r.loadTimeout {
+		if o == breaker.Late && repeatable && r.life.ctx.Err() == nil && time.Since(first) < r.life.loadTimeout {
 			// Redis is fine and the call can be made again: failing it
 			// would send a read's surge, which this process cannot keep
 			// up with, to the database, and make a write pending. The
@@ -229,7 +228,7 @@ func circuitOpen(op, key string, b *breaker.Node) error {
 // live when the policy needs it.
 //
 // A read with a loader (lease) is also a miss's lease: it reads with SET
-// key lease NX GET PX leaseTTL, which returns what the key holds and
+// key lease NX GET PX leaseBook.ttl, which returns what the key holds and
 // writes nothing, or, where the key holds nothing, places the lease and
 // returns nil (rp.placed). So a miss costs this read and the store, two
 // round trips, and a hit the one command, as a GET. A node that refuses

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,7 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 	}
 	e.detach()
 	defer e.release()
-	ttl := c.expiry(p, so.ttl)
+	ttl := p.expiry(so.ttl)
 	stored, serr := c.groups.groupStored(ctx, key, p, so, e.stored, ttl)
 	w := owed.Write{Op: "set", Keys: []string{key}, Stored: [][]byte{stored}, TTL: so.ttl}
 	return c.owed.Write(ctx, &w, func() []error {
@@ -233,7 +234,7 @@ func (c *counters) wrote(id byte, in, out int) {
 }
 
 // expiry applies the policy's jitter and stale window to a TTL.
-func (c *cache) expiry(p *policy, ttl time.Duration) time.Duration {
+func (p *policy) expiry(ttl time.Duration) time.Duration {
 	if ttl == Off {
 		return ttl
 	}
@@ -295,6 +296,15 @@ const (
 	// again: what was written meanwhile is unknown). The keys are not
 	// given: every near cache is emptied, and every read detached.
 	flushed
+	// groupsWritten: the records of groups, the keys, by this process's
+	// InvalidateGroups. The near caches stop serving the groups' members
+	// at once, and calls that start from now on share no read or load
+	// begun before.
+	groupsWritten
+	// groupsInvalidated: the records of groups, as the invalidation
+	// stream says: as groupsWritten, but loads are not detached (their
+	// stores are guarded in Redis, as for invalidated).
+	groupsInvalidated
 )
 
 // changed is the one place a change of keys in Redis reaches this
@@ -304,7 +314,20 @@ const (
 // the change puts its value there afterwards, and detaches from later
 // callers the work on them that how says may no longer be shared.
 func (c *cache) changed(how change, keys ...string) {
-	if how == flushed {
+	switch how {
+	case groupsWritten, groupsInvalidated:
+		if c.nears != nil {
+			for _, k := range keys {
+				c.marks.touchGroup(strings.TrimPrefix(k, groupPrefix))
+			}
+		}
+		c.lookups.ForgetAll()
+		c.reads.ForgetAll()
+		if how == groupsWritten {
+			c.loads.ForgetAll()
+		}
+		return
+	case flushed:
 		c.marks.touchAll()
 		for _, n := range c.nears {
 			n.entries.InvalidateAll()
