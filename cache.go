@@ -475,7 +475,7 @@ type cache struct {
 	strict     bool
 	lockWait   time.Duration
 	serveError ServeErrorFunc
-	form       form      // how values are stored: serializer, codecs, size limit (serializer.go)
+	form       form      // how values are stored: serializer, codecs, size limit (write.go)
 	tel        telemetry // the counters' and observer's side of every call (observer.go)
 	pols       policies
 

@@ -45,11 +45,12 @@
 // # Reading the source
 //
 // A miss, a GetOrLoad of a key Redis does not hold, runs through five
-// files besides the loader and the Serializer, top to bottom: cache.go
-// (Cache, New, Close, and each call's prologue), read.go (the read, shared
-// by concurrent callers), roundtrip.go (every Redis call, the read's lease
-// and the load's guarded store), loader.go (Loader, and the load) and
-// write.go (the encoding, and what a write tells the rest of the cache).
+// files besides the loader, top to bottom: cache.go (Cache, New, Close,
+// and each call's prologue), read.go (the read, shared by concurrent
+// callers), roundtrip.go (every Redis call, the read's lease and the
+// load's guarded store), loader.go (Loader, and the load) and write.go
+// (the Serializer, the encoding, and what a write tells the rest of the
+// cache).
 // Coalescing is internal/singleflight; the options and policies are
 // options.go. docs/CONTRIBUTING.md maps the other files.
 package packcache
