@@ -1,5 +1,6 @@
 // Command cachecount counts what issue 23 counts of the library's Cache
-// type: its fields, and its methods, exported and unexported, by file.
+// type, and of cache, the byte-level core behind it: their fields, and
+// their methods, exported and unexported, by file.
 //
 //	cd bench && go run ./cachecount        # the library: ..
 //	go run ./cachecount -dir ../some/dir   # another package directory
@@ -24,7 +25,7 @@ import (
 
 func main() {
 	dir := flag.String("dir", "..", "the package directory")
-	typ := flag.String("type", "Cache", "the type whose fields and methods are counted")
+	types := flag.String("type", "Cache,cache", "the types whose fields and methods are counted, separated by commas")
 	flag.Parse()
 	fs := token.NewFileSet()
 	names, err := filepath.Glob(filepath.Join(*dir, "*.go"))
@@ -44,6 +45,13 @@ func main() {
 		}
 		parsed[name] = f
 	}
+	for _, typ := range strings.Split(*types, ",") {
+		count(parsed, typ)
+	}
+}
+
+// count prints typ's fields and its methods by file.
+func count(parsed map[string]*ast.File, typ string) {
 	fields := -1
 	byFile := map[string][2]int{} // exported, unexported
 	{
@@ -52,7 +60,7 @@ func main() {
 				switch d := d.(type) {
 				case *ast.GenDecl:
 					for _, s := range d.Specs {
-						if ts, ok := s.(*ast.TypeSpec); ok && ts.Name.Name == *typ {
+						if ts, ok := s.(*ast.TypeSpec); ok && ts.Name.Name == typ {
 							if st, ok := ts.Type.(*ast.StructType); ok {
 								fields = 0
 								for _, fl := range st.Fields.List {
@@ -62,7 +70,7 @@ func main() {
 						}
 					}
 				case *ast.FuncDecl:
-					if d.Recv == nil || len(d.Recv.List) == 0 || recvType(d.Recv.List[0].Type) != *typ {
+					if d.Recv == nil || len(d.Recv.List) == 0 || recvType(d.Recv.List[0].Type) != typ {
 						continue
 					}
 					n := byFile[filepath.Base(name)]
@@ -87,7 +95,8 @@ func main() {
 		fmt.Printf("%-20s %3d methods (%d exported)\n", f, n[0]+n[1], n[0])
 		exp, unexp = exp+n[0], unexp+n[1]
 	}
-	fmt.Printf("%s: %d fields; %d methods (%d exported, %d unexported) over %d files\n", *typ, fields, exp+unexp, exp, unexp, len(files))
+	fmt.Printf("%s: %d fields; %d methods (%d exported, %d unexported) over %d files\n", typ, fields, exp+unexp, exp, unexp, len(files))
+
 }
 
 // recvType returns the name of a receiver's base type: T of T, *T, T[P],
