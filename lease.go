@@ -3,7 +3,6 @@ package packcache
 import (
 	"context"
 	crand "crypto/rand"
-	"encoding/binary"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/packcache/packcache/codec"
 	"github.com/packcache/packcache/internal/breaker"
 	"github.com/packcache/packcache/internal/singleflight"
 )
@@ -125,39 +123,6 @@ type leaseBook struct {
 func (b *leaseBook) init(nodes *breaker.Nodes, redisTimeout time.Duration) {
 	crand.Read(b.tag[:])
 	b.nodes, b.ttl = nodes, 3*redisTimeout
-}
-
-// A lease's token is 8 random bytes drawn once per cache (leaseBook.tag)
-// and a counter, so that a read that may place a lease makes its token
-// with an atomic add, not a call to the system's random source, and a
-// cache knows its own leases by their tag.
-var leaseSeq atomic.Uint64
-
-// newToken returns a fresh lease value: the lease header byte and a
-// 16-byte token unique to this cache (its tag and a counter).
-func (l *leaseBook) newToken() string {
-	var b [17]byte
-	b[0] = codec.HeaderLease
-	copy(b[1:9], l.tag[:])
-	binary.BigEndian.PutUint64(b[9:], leaseSeq.Add(1))
-	return string(b[:])
-}
-
-// canSetGet reports whether reads of key may place a lease with SET NX
-// GET: unless its node refused it within setGetBackoff. It costs one
-// atomic load while no node has.
-func (l *leaseBook) canSetGet(ctx context.Context, key string) bool {
-	if !l.any.Load() {
-		return true
-	}
-	v, ok := l.noSetGet.Load(l.nodes.ForKey(ctx, key))
-	return !ok || time.Now().UnixNano() >= v.(int64)
-}
-
-// refuseSetGet notes that key's node refused SET NX GET.
-func (l *leaseBook) refuseSetGet(ctx context.Context, key string) {
-	l.noSetGet.Store(l.nodes.ForKey(ctx, key), time.Now().Add(setGetBackoff).UnixNano())
-	l.any.Store(true)
 }
 
 type unsureLease struct {
