@@ -130,7 +130,7 @@ func run() error {
 		w := httptest.NewRecorder()
 		near.Serve(w, r, "doc:4")
 		if w.Code != http.StatusOK {
-			return "", fmt.Errorf("Serve: status %d", w.Code)
+			return "", fmt.Errorf("serve: status %d", w.Code)
 		}
 		return w.Header().Get("Content-Encoding"), nil
 	}
@@ -158,7 +158,7 @@ func run() error {
 		return err
 	}
 	if coding != "gzip" {
-		return fmt.Errorf("Serve: coding %q", coding)
+		return fmt.Errorf("serve: coding %q", coding)
 	}
 
 	// 4. A failed Delete: the server stopped, a pooled connection, a
@@ -178,7 +178,7 @@ func run() error {
 	err = short.Delete(ctx, "doc:3")
 	mark("end")
 	if !errors.Is(err, packcache.ErrPending) {
-		return fmt.Errorf("Delete: %v, not ErrPending", err)
+		return fmt.Errorf("delete: %v, not ErrPending", err)
 	}
 	return srv.Process.Signal(syscall.SIGCONT)
 }
