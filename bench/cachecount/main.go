@@ -4,6 +4,7 @@
 //
 //	cd bench && go run ./cachecount        # the library: ..
 //	go run ./cachecount -dir ../some/dir   # another package directory
+//	go run ./cachecount -max 30            # fail above issue 23's bound (CI)
 //
 // It reads the package's non-test files with go/parser, so a method of
 // Cache is counted whatever its receiver is named and whether or not the
@@ -26,6 +27,7 @@ import (
 func main() {
 	dir := flag.String("dir", "..", "the package directory")
 	types := flag.String("type", "Cache,cache", "the types whose fields and methods are counted, separated by commas")
+	most := flag.Int("max", 0, "fail if a type has more methods than this (issue 23: 30); 0: no bound")
 	flag.Parse()
 	fs := token.NewFileSet()
 	names, err := filepath.Glob(filepath.Join(*dir, "*.go"))
@@ -45,13 +47,21 @@ func main() {
 		}
 		parsed[name] = f
 	}
+	failed := false
 	for _, typ := range strings.Split(*types, ",") {
-		count(parsed, typ)
+		if n := count(parsed, typ); *most > 0 && n > *most {
+			fmt.Fprintf(os.Stderr, "cachecount: %s has %d methods, more than %d\n", typ, n, *most)
+			failed = true
+		}
+	}
+	if failed {
+		os.Exit(1)
 	}
 }
 
-// count prints typ's fields and its methods by file.
-func count(parsed map[string]*ast.File, typ string) {
+// count prints typ's fields and its methods by file, and returns how
+// many methods it has.
+func count(parsed map[string]*ast.File, typ string) int {
 	fields := -1
 	byFile := map[string][2]int{} // exported, unexported
 	{
@@ -96,6 +106,7 @@ func count(parsed map[string]*ast.File, typ string) {
 		exp, unexp = exp+n[0], unexp+n[1]
 	}
 	fmt.Printf("%s: %d fields; %d methods (%d exported, %d unexported) over %d files\n", typ, fields, exp+unexp, exp, unexp, len(files))
+	return exp + unexp
 
 }
 

@@ -44,7 +44,7 @@ var (
 // which is public; and goroutines of the cache's own that the call does
 // not wait for (the breaker's budget timers, the owed-invalidation
 // retrier), which are named at the end.
-func countTrace(path string) error {
+func countTrace(path string, check bool) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -93,6 +93,7 @@ func countTrace(path string) error {
 		return err
 	}
 	root := repoRoot(entries)
+	var walks []walk
 	for i := 0; i < len(entries); i++ {
 		e := entries[i]
 		if e.fn != "main.mark" {
@@ -102,16 +103,32 @@ func countTrace(path string) error {
 		for j < len(entries) && entries[j].fn != "main.mark" {
 			j++
 		}
-		name := callName(path, i, entries)
-		printWalk(name, entries[i+1:j], e.g, root)
+		walks = append(walks, printWalk(callName(i, entries), entries[i+1:j], e.g, root))
 		i = j
 	}
+	if !check {
+		return nil
+	}
+	if len(walks) != 4 {
+		return fmt.Errorf("%d calls marked in the trace, not 4: did the program fail?", len(walks))
+	}
+	if m := walks[0]; len(m.rootFiles) > 5 || m.rootChanges > 12 {
+		return fmt.Errorf("the miss runs through %d root files (%s) with %d changes of file among them: issue 23 allows at most 5 and 12",
+			len(m.rootFiles), strings.Join(m.rootFiles, ", "), m.rootChanges)
+	}
+	fmt.Printf("check: the miss runs through %d root files with %d changes of file among them (at most 5 and 12)\n", len(walks[0].rootFiles), walks[0].rootChanges)
 	return nil
 }
 
-// callName is the name mark was called with before entry i: read again
-// from the trace's own line, which holds the argument.
-func callName(path string, i int, entries []entry) string {
+// A walk is what printWalk counted of one call.
+type walk struct {
+	rootFiles   []string
+	rootChanges int
+}
+
+// callName is the name of the call that begins at entry i, a mark: the
+// calls are made in a fixed order, each between two marks.
+func callName(i int, entries []entry) string {
 	n := 0
 	for k := 0; k < i; k++ {
 		if entries[k].fn == "main.mark" {
@@ -140,15 +157,15 @@ func ours(fn string) bool {
 	return !strings.HasPrefix(rest, "/codec.") && !strings.HasPrefix(rest, "/bench")
 }
 
-func printWalk(name string, es []entry, caller int, root string) {
+func printWalk(name string, es []entry, caller int, root string) walk {
 	walked := map[int]bool{caller: true}
 	callback := map[int]map[string]bool{} // by goroutine: functions called back, whose callees are too
 	var others []string
 	var lines []entry
 	for _, e := range es {
 		if !walked[e.g] {
-			if strings.HasPrefix(e.fn, module+"/internal/life.(*Life).") && fromRuntime(e.caller) {
-				walked[e.g] = true // work the call handed to a goroutine of the cache's life
+			if e.caller == "runtime.goexit" && !background(e.fn) {
+				walked[e.g] = true // work the call handed to a goroutine of its own
 			} else {
 				if ours(e.fn) && !slices.ContainsFunc(others, func(o string) bool { return strings.HasPrefix(o, fmt.Sprintf("goroutine %d:", e.g)) }) {
 					others = append(others, fmt.Sprintf("goroutine %d: %s", e.g, short(e.fn)))
@@ -204,6 +221,7 @@ func printWalk(name string, es []entry, caller int, root string) {
 		fmt.Printf("Not walked (the call does not wait for them): %s.\n", strings.Join(others, "; "))
 	}
 	fmt.Println()
+	return walk{rootFiles, rootChanges}
 }
 
 // short is fn without the module's path and with generic shapes as [...].
@@ -219,6 +237,19 @@ func fromRuntime(caller string) bool {
 	switch caller {
 	case "runtime.goexit", "runtime.deferreturn", "runtime.gopanic", "runtime.Goexit":
 		return true
+	}
+	return false
+}
+
+// background reports the first function of a goroutine the cache starts
+// for itself, which a call does not wait for: the owed-invalidation
+// retrier, the breaker's budget timers, a load's lease keeper (a timer),
+// the near cache's invalidation stream.
+func background(fn string) bool {
+	for _, p := range []string{"/internal/owed.", "/internal/breaker.(*ticks)", "/internal/breaker.(*tick)", ".(*keeper).extend", "/internal/tracking."} {
+		if strings.Contains(fn, module+p) || strings.HasPrefix(p, ".") && strings.Contains(fn, p) {
+			return true
+		}
 	}
 	return false
 }

@@ -11,6 +11,9 @@
 //	dlv trace --exec /tmp/walks 'github.com/packcache/packcache|main\.mark' 2>/tmp/walks.trace
 //	go run ./walks -count /tmp/walks.trace
 //
+// With -check as well, it fails unless the miss runs through at most five
+// files of the root package with at most twelve changes of file among
+// them (issue 23's bound; CI checks it), and unless every call was seen.
 // The build turns off inlining, so that one-line helpers are seen, as
 // docs/walks.md's method counts them. With -count it reads such a trace
 // and prints each call's functions with their files, and the hops, files,
@@ -52,9 +55,10 @@ func mark(name string) { _ = name }
 
 func main() {
 	count := flag.String("count", "", "read a dlv trace from this file and print the walks")
+	check := flag.Bool("check", false, "with -count: fail unless the miss runs through at most 5 root files with at most 12 changes of file among them (issue 23)")
 	flag.Parse()
 	if *count != "" {
-		if err := countTrace(*count); err != nil {
+		if err := countTrace(*count, *check); err != nil {
 			fmt.Fprintln(os.Stderr, "walks:", err)
 			os.Exit(1)
 		}
@@ -109,7 +113,7 @@ func run() error {
 	}
 
 	// 2. A near hit, and 3. a Serve of one.
-	near, err := packcache.New[Doc](rdb, packcache.WithLocalCache(packcache.LocalCache{}))
+	near, err := packcache.New[Doc](rdb, packcache.WithRedisTimeout(time.Minute), packcache.WithLocalCache(packcache.LocalCache{}))
 	if err != nil {
 		return err
 	}
@@ -163,7 +167,7 @@ func run() error {
 
 	// 4. A failed Delete: the server stopped, a pooled connection, a
 	// budget that runs out.
-	short, err := packcache.New[Doc](rdb, packcache.WithRedisTimeout(300*time.Millisecond))
+	short, err := packcache.New[Doc](rdb, packcache.WithRedisTimeout(5*time.Second))
 	if err != nil {
 		return err
 	}
