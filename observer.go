@@ -2,11 +2,9 @@ package packcache
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/packcache/packcache/codec"
-	"github.com/packcache/packcache/internal/breaker"
 )
 
 // An Observer is told what a cache does, for metrics: the module
@@ -129,26 +127,6 @@ type telemetry struct {
 	obs     Observer // nil: none
 	onError func(ctx context.Context, key string, err error)
 	served  servedCounts // Serve's responses (serve.go)
-}
-
-// redisFailed counts a failed Redis operation on key's prefix and tells the
-// observer, with the node's address.
-//
-// On a Cluster it also asks go-redis to reload its map of the slots: a
-// node that times out may have been replaced by its replica, which the
-// map names only once reloaded (failover.go).
-func (r *remote) redisFailed(p *policy, b *breaker.Node, err error) {
-	r.peers.stale()
-	r.tel.redisFailed(p, b, err)
-}
-
-// redisFailed counts a failed Redis operation on key's prefix and tells the
-// observer, with the node's address.
-func (t *telemetry) redisFailed(p *policy, b *breaker.Node, err error) {
-	atomic.AddUint64(&p.stats.RedisErrors, 1)
-	if t.obs != nil {
-		t.obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})
-	}
 }
 
 // observeCodec tells the observer of a value encoded or decoded since

@@ -110,6 +110,20 @@ func (r *remote) roundTrip(ctx context.Context, op, key string, p *policy, repea
 	}
 }
 
+// redisFailed counts a failed Redis operation on key's prefix and tells the
+// observer, with the node's address.
+//
+// On a Cluster it also asks go-redis to reload its map of the slots: a
+// node that times out may have been replaced by its replica, which the
+// map names only once reloaded (failover.go).
+func (r *remote) redisFailed(p *policy, b *breaker.Node, err error) {
+	atomic.AddUint64(&p.stats.RedisErrors, 1)
+	r.peers.stale()
+	if obs := r.tel.obs; obs != nil {
+		obs.ObserveRedis(RedisEvent{Prefix: p.prefix, Node: b.Addr(), Err: err})
+	}
+}
+
 // roundTripMany makes one pipeline of Redis calls, one round trip per node:
 // queue adds key i's commands to pipe and returns the one whose error
 // tells how key i fared (sha: as EVALSHA, else as EVAL, for scripts; it is
