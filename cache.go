@@ -470,14 +470,20 @@ const tombstone = codec.HeaderTombstone
 // value's type, which kind describes. Values pass through it as an any
 // holding a *T (nil: none).
 type cache struct {
-	remote     remote // Redis: the client, its nodes, and every call made to them (roundtrip.go)
-	coalesce   bool
-	strict     bool
+	// The parts, each a type that holds what its methods need, wired
+	// together by newCache (docs/CONTRIBUTING.md maps them).
+	remote remote      // Redis: the client, its nodes, and every call made to them (roundtrip.go)
+	form   form        // how values are stored: serializer, codecs, size limit (write.go)
+	pols   policies    // the base policy and the prefixes' (cache.go)
+	tel    telemetry   // the observer, the error handler, Serve's counts (observer.go)
+	groups groupState  // groups in use, and their records (groups.go)
+	life   lifetime    // calls and goroutines under way, and the load timeout (cache.go, internal/life)
+	owed   owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
+
+	coalesce   bool // WithCoalescing
+	strict     bool // WithStrictRedis
 	lockWait   time.Duration
 	serveError ServeErrorFunc
-	form       form      // how values are stored: serializer, codecs, size limit (write.go)
-	tel        telemetry // the counters' and observer's side of every call (observer.go)
-	pols       policies
 
 	// Coalescing, where concurrent callers share work, is
 	// internal/singleflight: the reads of Get, GetOrLoad and Serve are
@@ -490,13 +496,9 @@ type cache struct {
 	reads   singleflight.Group[result, flight] // Gets with a loader: read, decode, and load on a miss
 	loads   singleflight.Registry[result]      // loads, shared by the reads that found the same state
 
-	groups groupState // groups in use (groups.go)
-
-	life lifetime    // calls and goroutines under way, shared reads' included (internal/life)
-	owed owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
-
-	// The near caches (WithLocalCache), their invalidation stream, and
-	// the marks that keep a read begun before a write out of them.
+	// The near caches (WithLocalCache), and the marks that keep a read
+	// begun before a write out of them. (Their invalidation stream is
+	// remote's tracker.)
 	nears     []*near
 	marks     marks
 	nearOnce  sync.Once
