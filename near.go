@@ -194,7 +194,7 @@ func WithLocalCache(lc LocalCache) Option {
 // LocalCache configuration.
 type near struct {
 	lc      LocalCache
-	entries *otter.Cache[string, nearEntry]
+	entries *otter.Cache[string, *nearEntry] // by pointer: a near hit copies a word out of otter, not the entry
 	gate    *tracking.Gate // whether it may serve now, and take in a key's value; set by New before any call
 	marks   *marks         // the cache's write marks, which tickets are checked against
 	// edged is set by the first Serve of a key of this near cache: from
@@ -227,10 +227,10 @@ func newNear(lc LocalCache, m *marks, clock otter.Clock) (*near, error) {
 	}
 	n := &near{lc: lc, marks: m}
 	var err error
-	n.entries, err = otter.New(&otter.Options[string, nearEntry]{
+	n.entries, err = otter.New(&otter.Options[string, *nearEntry]{
 		MaximumWeight: uint64(lc.MaxBytes),
-		Weigher:       func(_ string, e nearEntry) uint32 { return e.weight },
-		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, nearEntry]) time.Duration {
+		Weigher:       func(_ string, e *nearEntry) uint32 { return e.weight },
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, *nearEntry]) time.Duration {
 			now, _ := n.gate.OpenNow()
 			return time.Duration(e.Value.expires - now)
 		}),
@@ -242,20 +242,21 @@ func newNear(lc LocalCache, m *marks, clock otter.Clock) (*near, error) {
 	return n, nil
 }
 
-// get returns key's entry if the near cache may serve it now.
-func (n *near) get(key string) (nearEntry, bool) {
+// get returns key's entry if the near cache may serve it now. The entry
+// is never changed once set: the caller only reads it.
+func (n *near) get(key string) (*nearEntry, bool) {
 	now, open := n.gate.OpenNow()
 	if !open {
-		return nearEntry{}, false
+		return nil, false
 	}
 	e, ok := n.entries.GetIfPresent(key)
 	if !ok || now >= e.expires {
-		return nearEntry{}, false
+		return nil, false
 	}
 	if e.groups.stripes != nil && !n.marks.groupsValid(e.groups) {
 		// A group of the value was invalidated.
 		n.entries.Invalidate(key)
-		return nearEntry{}, false
+		return nil, false
 	}
 	return e, true
 }
@@ -283,7 +284,7 @@ func (n *near) put(key string, t ticket, gt groupTickets, r result, until time.T
 	if most := time.Now().Add(n.lc.TTL); until.IsZero() || until.After(most) {
 		until = most
 	}
-	e := nearEntry{val: r.val, data: r.data, edge: eg, groups: gt, weight: uint32(w), expires: int64(until.Sub(n.gate.Epoch()))}
+	e := &nearEntry{val: r.val, data: r.data, edge: eg, groups: gt, weight: uint32(w), expires: int64(until.Sub(n.gate.Epoch()))}
 	n.entries.Set(key, e)
 	// A write of key may have come between the check of the ticket and
 	// the Set: look again, and undo.
@@ -316,7 +317,7 @@ func (n *near) weigh(key string, r result, gt groupTickets, stored int64) (int64
 // of eg, or drops the entry if that would take it past the bound: Serve
 // keeps the bodies it makes in the entry's edge.
 func (n *near) grow(key string, eg *httpenc.Edge, by int) {
-	n.entries.ComputeIfPresent(key, func(e nearEntry) (nearEntry, otter.ComputeOp) {
+	n.entries.ComputeIfPresent(key, func(e *nearEntry) (*nearEntry, otter.ComputeOp) {
 		if e.edge != eg {
 			return e, otter.CancelOp
 		}
@@ -324,8 +325,9 @@ func (n *near) grow(key string, eg *httpenc.Edge, by int) {
 		if w > n.lc.MaxBytes || w > 1<<32-1 {
 			return e, otter.InvalidateOp
 		}
-		e.weight = uint32(w)
-		return e, otter.WriteOp
+		grown := *e // a copy: readers may hold e
+		grown.weight = uint32(w)
+		return &grown, otter.WriteOp
 	})
 }
 
