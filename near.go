@@ -195,8 +195,8 @@ func WithLocalCache(lc LocalCache) Option {
 type near struct {
 	lc      LocalCache
 	entries *otter.Cache[string, *nearEntry] // by pointer: a near hit copies a word out of otter, not the entry
-	gate    *tracking.Gate // whether it may serve now, and take in a key's value; set by New before any call
-	marks   *marks         // the cache's write marks, which tickets are checked against
+	gate    *tracking.Gate                   // whether it may serve now, and take in a key's value; set by New before any call
+	marks   *marks                           // the cache's write marks, which tickets are checked against
 	// edged is set by the first Serve of a key of this near cache: from
 	// then on its entries keep what Serve needs (see edge).
 	edged atomic.Bool
