@@ -402,6 +402,9 @@ func waitNearMiss[T any](t *testing.T, c *packcache.Cache[T]) {
 // and one of the twenty is evicted (1 run in about 12 here). The test
 // asks for at least fifteen.
 func TestNearMemoryBound(t *testing.T) {
+	// Beside the other tests, but measuring the heap in a process of its
+	// own, as TestNearHeapBound does.
+	t.Parallel()
 	if !alone(t) {
 		return // measured in a process of its own
 	}
