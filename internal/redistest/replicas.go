@@ -326,14 +326,23 @@ func stopAhead() error {
 	left := ahead.ready
 	ahead.ready = nil
 	ahead.mu.Unlock()
+	var mu sync.Mutex
 	var errs []error
+	var wg sync.WaitGroup
 	for _, q := range left {
 		for _, sp := range q {
-			<-sp.done
-			if sp.c != nil {
-				errs = append(errs, sp.c.close())
-			}
+			wg.Go(func() {
+				<-sp.done
+				if sp.c != nil {
+					if err := sp.c.close(); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+					}
+				}
+			})
 		}
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }

@@ -308,14 +308,16 @@ func startSet(tb testing.TB) (_ *set, err error) {
 
 // close stops the set's servers.
 func (st *set) close() error {
-	var errs []error
+	var errSingle, errCluster error
+	var wg sync.WaitGroup
 	if st.single != nil {
-		errs = append(errs, st.single.close())
+		wg.Go(func() { errSingle = st.single.close() })
 	}
 	if st.cluster != nil {
-		errs = append(errs, st.cluster.close())
+		wg.Go(func() { errCluster = st.cluster.close() })
 	}
-	return errors.Join(errs...)
+	wg.Wait()
+	return errors.Join(errSingle, errCluster)
 }
 
 // heal brings the set's servers back to a clean running state. Only the
@@ -362,19 +364,30 @@ func (st *set) heal() error {
 // which are started with a parent-death signal, but their temporary
 // directories remain.)
 func Shutdown() {
-	if err := stopSpares(); err != nil {
-		fmt.Fprintf(os.Stderr, "redistest: Shutdown: spare clusters: %v\n", err)
-	}
-	if err := stopAhead(); err != nil {
-		fmt.Fprintf(os.Stderr, "redistest: Shutdown: clusters started ahead: %v\n", err)
-	}
+	// The spares, the clusters started ahead and the shared sets are
+	// stopped at once: each stop waits for its servers to act on SIGTERM.
+	var errSpares, errAhead error
+	var others sync.WaitGroup
+	others.Go(func() { errSpares = stopSpares() })
+	others.Go(func() { errAhead = stopAhead() })
+	defer func() {
+		others.Wait()
+		if errSpares != nil {
+			fmt.Fprintf(os.Stderr, "redistest: Shutdown: spare clusters: %v\n", errSpares)
+		}
+		if errAhead != nil {
+			fmt.Fprintf(os.Stderr, "redistest: Shutdown: clusters started ahead: %v\n", errAhead)
+		}
+	}()
 	prestarting.Wait()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	var errs []error
-	for _, st := range shared.sets {
-		errs = append(errs, st.close())
+	errs := make([]error, len(shared.sets))
+	var wg sync.WaitGroup
+	for i, st := range shared.sets {
+		wg.Go(func() { errs[i] = st.close() })
 	}
+	wg.Wait()
 	for len(freeSets) > 0 {
 		<-freeSets
 	}
