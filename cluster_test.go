@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,4 +118,72 @@ func TestBatchesOneRoundTripPerNode(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// TestTwoBatchesDeadlockCluster: TestTwoBatchesDeadlock (batch_test.go)
+// without any hook, on the cluster: x and y on different nodes. It is the
+// first serial test on the shared servers, which TestMain starts in the
+// background; here, after the serial tests of batch_test.go and
+// close_test.go, it finds them started instead of waiting for the
+// cluster's 2 s.
+func TestTwoBatchesDeadlockCluster(t *testing.T) {
+	var tg redistest.Target
+	for _, x := range redistest.Targets(t) {
+		if x.Cluster != nil {
+			tg = x
+		}
+	}
+	if tg.Cluster == nil {
+		t.Skip("no cluster")
+	}
+	// Two keys on different masters.
+	keys := []string{"x"}
+	n0 := tg.Cluster.NodeForKey(t, "x")
+	for i := 0; ; i++ {
+		k := "y" + string(rune('a'+i%26)) + strings.Repeat("z", i/26)
+		if tg.Cluster.NodeForKey(t, k) != n0 {
+			keys = append(keys, k)
+			break
+		}
+	}
+	ctx := ctxT(t)
+	fn := func(ctx context.Context, keys []string) (map[string]string, error) {
+		m := map[string]string{}
+		for _, k := range keys {
+			m[k] = "v-" + k
+		}
+		return m, nil
+	}
+	c := mustNew[string](t, tg.Client, packcache.WithLoadTimeout(2*time.Second))
+	c.GetOrLoadMany(ctx, keys, fn)
+	bad := 0
+	for round := range 30 {
+		if err := c.Delete(ctx, keys...); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var slow atomic.Int64
+		start := make(chan struct{})
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				t0 := time.Now()
+				_, err := c.GetOrLoadMany(ctx, keys, fn)
+				if err != nil || time.Since(t0) > time.Second {
+					slow.Add(1)
+					t.Logf("round %d: %v after %v", round, err, time.Since(t0))
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if slow.Load() > 0 {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of 30 rounds of two concurrent GetOrLoadMany hung until the load timeout", bad)
+	}
 }
