@@ -26,7 +26,7 @@ func TestCloseDuringTraffic(t *testing.T) {
 	// Beside the other tests, but counting goroutines in a process of
 	// its own.
 	t.Parallel()
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return
 	}
 	_, rdb := single(t)

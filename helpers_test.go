@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -160,44 +159,6 @@ func sized(quick, full int) int {
 		return full
 	}
 	return quick
-}
-
-// aloneEnv names, in a process alone started, the test it runs.
-const aloneEnv = "PACKCACHE_TEST_ALONE"
-
-// alone runs the calling top-level test again in a process of its own
-// (this test binary, -test.run naming only it) and reports false, passing
-// or failing as that run does; in that process it reports true, and the
-// test goes on. A test that measures the process (its heap, what it
-// allocates, its goroutines) calls it first, and may then run beside the
-// others: in the suite's process the heap also moves with what other
-// tests are doing and with the clusters TestMain starts in the
-// background, and on
-// a busy machine TestHeapPerColdCall once measured 10,303 B per call
-// where it measures 6,100 B alone. The process alone starts nothing in
-// the background (TestMain's willRun).
-func alone(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(aloneEnv) == t.Name() {
-		return true
-	}
-	args := []string{"-test.run=^" + regexp.QuoteMeta(t.Name()) + "$", "-test.count=1", "-test.v"}
-	if f := flag.Lookup("test.timeout"); f != nil {
-		args = append(args, "-test.timeout="+f.Value.String())
-	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
-	cmd.Env = append(os.Environ(), aloneEnv+"="+t.Name())
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s, in a process of its own:\n%s", t.Name(), out)
-	switch {
-	case err != nil:
-		t.Fatalf("%s in a process of its own: %v", t.Name(), err)
-	case bytes.Contains(out, []byte("--- SKIP: "+t.Name())):
-		t.Skip("skipped in its own process (see above)")
-	case !bytes.Contains(out, []byte("--- PASS: "+t.Name())):
-		t.Fatalf("%s in a process of its own did not report passing", t.Name())
-	}
-	return false
 }
 
 // jsonText returns n bytes of compressible JSON: a string literal.

@@ -310,7 +310,7 @@ func TestHostileValuesBoundedAllocation(t *testing.T) {
 	// Beside the other tests, but measuring allocation in a process of
 	// its own.
 	t.Parallel()
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return
 	}
 	s, rdb := single(t)

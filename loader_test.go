@@ -893,7 +893,7 @@ func TestHeapPerColdCall(t *testing.T) {
 		t.Skip("the race detector changes allocation sizes; run without -race")
 	}
 	t.Parallel()
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return // measured in a process of its own
 	}
 	s := redistest.Start(t)

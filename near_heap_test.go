@@ -135,7 +135,7 @@ func TestNearHeapBound(t *testing.T) {
 		t.Skip("run without -race")
 	}
 	t.Parallel()
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return // measured in a process of its own
 	}
 	redistest.RequireServer(t, "the near cache needs CLIENT TRACKING")

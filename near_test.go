@@ -405,7 +405,7 @@ func TestNearMemoryBound(t *testing.T) {
 	// Beside the other tests, but measuring the heap in a process of its
 	// own, as TestNearHeapBound does.
 	t.Parallel()
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return // measured in a process of its own
 	}
 	eachTracking(t, func(t *testing.T, tk packcache.Tracking) {

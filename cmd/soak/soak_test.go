@@ -2,14 +2,13 @@ package main
 
 import (
 	"bytes"
-	"flag"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/packcache/packcache/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,47 +25,12 @@ func requireServer(t *testing.T) {
 	}
 }
 
-// aloneEnv names the test a child process of alone runs.
-const aloneEnv = "PACKCACHE_SOAK_ALONE"
-
-// alone reports whether t runs in a process of its own. A soak counts the
-// process's goroutines and heap, before and after: run in the test's
-// process, beside the other soak test, it would count that one's too. So
-// the first call runs the test binary again with -test.run naming only
-// t's test and returns false, having passed or failed t as that run did,
-// its output in t's log; in that child, alone returns true and the test
-// runs. The two soak tests, each in a process of its own, then run at
-// once instead of one after the other.
-func alone(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(aloneEnv) == t.Name() {
-		return true
-	}
-	args := []string{"-test.run=^" + regexp.QuoteMeta(t.Name()) + "$", "-test.count=1", "-test.v"}
-	if f := flag.Lookup("test.timeout"); f != nil {
-		args = append(args, "-test.timeout="+f.Value.String())
-	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
-	cmd.Env = append(os.Environ(), aloneEnv+"="+t.Name())
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s, in a process of its own:\n%s", t.Name(), out)
-	switch {
-	case err != nil:
-		t.Fatalf("%s in a process of its own: %v", t.Name(), err)
-	case bytes.Contains(out, []byte("--- SKIP: "+t.Name())):
-		t.Skip("skipped in its own process (see above)")
-	case !bytes.Contains(out, []byte("--- PASS: "+t.Name())):
-		t.Fatalf("%s in a process of its own did not report passing", t.Name())
-	}
-	return false
-}
-
 // TestSoakShort runs the soak for 3 seconds against a redis-server of its
 // own. It skips when the server is missing (see requireServer).
 func TestSoakShort(t *testing.T) {
 	requireServer(t)
 	t.Parallel() // beside TestSoakOutage, each in a process of its own
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return
 	}
 	cfg := config{duration: 3 * time.Second, workers: 16, keys: 100, minSize: 100, maxSize: 256 << 10, heapSlop: 64 << 20}
@@ -90,7 +54,7 @@ func TestSoakShort(t *testing.T) {
 func TestSoakOutage(t *testing.T) {
 	requireServer(t)
 	t.Parallel() // beside TestSoakShort, each in a process of its own
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return
 	}
 	cfg := defaultOutageConfig()

@@ -1,15 +1,12 @@
 package redistest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -46,40 +43,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// aloneEnv names the test a child process of alone runs.
-const aloneEnv = "PACKCACHE_REDISTEST_ALONE"
-
-// alone reports whether t runs in a process of its own. The tests that
-// set the package's spare clusters or shared sets, or count its
-// processes, would disturb the others, and the others them, in one
-// process. The first call runs the test binary again with -test.run
-// naming only t's test and returns false, having passed or failed t as
-// that run did, its output in t's log; in that child, whose package state
-// is its own, alone returns true and the test runs.
-func alone(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(aloneEnv) == t.Name() {
-		return true
-	}
-	args := []string{"-test.run=^" + regexp.QuoteMeta(t.Name()) + "$", "-test.count=1", "-test.v"}
-	if f := flag.Lookup("test.timeout"); f != nil {
-		args = append(args, "-test.timeout="+f.Value.String())
-	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
-	cmd.Env = append(os.Environ(), aloneEnv+"="+t.Name())
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s, in a process of its own:\n%s", t.Name(), out)
-	switch {
-	case err != nil:
-		t.Fatalf("%s in a process of its own: %v", t.Name(), err)
-	case bytes.Contains(out, []byte("--- SKIP: "+t.Name())):
-		t.Skip("skipped in its own process (see above)")
-	case !bytes.Contains(out, []byte("--- PASS: "+t.Name())):
-		t.Fatalf("%s in a process of its own did not report passing", t.Name())
-	}
-	return false
 }
 
 func haveRedisServer(t *testing.T) {
@@ -340,7 +303,7 @@ func TestSpareClusters(t *testing.T) {
 	// It sets the package's spares and counts its processes: beside the
 	// other tests, but in a process of its own.
 	t.Parallel()
-	if !alone(t) {
+	if !Alone(t) {
 		return
 	}
 	KeepSpareClusters(1)
@@ -450,7 +413,7 @@ func TestSharedSets(t *testing.T) {
 	// It sets the package's shared sets and stops them: beside the other
 	// tests, but in a process of its own.
 	t.Parallel()
-	if !alone(t) {
+	if !Alone(t) {
 		return
 	}
 	defer Shutdown() // the sets started here are not the other tests' business

@@ -1,13 +1,8 @@
 package tracking
 
 import (
-	"bytes"
 	"context"
-	"flag"
 	"fmt"
-	"os"
-	"os/exec"
-	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -28,38 +23,6 @@ func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
 	// Every goroutine a Tracker starts ends with Close.
 	goleak.VerifyTestMain(m)
-}
-
-// aloneEnv names the test a child process of alone runs.
-const aloneEnv = "PACKCACHE_TRACKING_ALONE"
-
-// alone reports whether t runs in a process of its own. The first call
-// runs the test binary again with -test.run naming only t's test and
-// returns false, having passed or failed t as that run did, its output in
-// t's log; in that child, alone returns true and the test runs, with no
-// other test's goroutines to count.
-func alone(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(aloneEnv) == t.Name() {
-		return true
-	}
-	args := []string{"-test.run=^" + regexp.QuoteMeta(t.Name()) + "$", "-test.count=1", "-test.v"}
-	if f := flag.Lookup("test.timeout"); f != nil {
-		args = append(args, "-test.timeout="+f.Value.String())
-	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
-	cmd.Env = append(os.Environ(), aloneEnv+"="+t.Name())
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s, in a process of its own:\n%s", t.Name(), out)
-	switch {
-	case err != nil:
-		t.Fatalf("%s in a process of its own: %v", t.Name(), err)
-	case bytes.Contains(out, []byte("--- SKIP: "+t.Name())):
-		t.Skip("skipped in its own process (see above)")
-	case !bytes.Contains(out, []byte("--- PASS: "+t.Name())):
-		t.Fatalf("%s in a process of its own did not report passing", t.Name())
-	}
-	return false
 }
 
 type quietLogger struct{}
@@ -386,7 +349,7 @@ func TestGatesCloseByTheClock(t *testing.T) {
 // process of its own (alone).
 func TestClose(t *testing.T) {
 	t.Parallel()
-	if !alone(t) {
+	if !redistest.Alone(t) {
 		return
 	}
 	t.Run("single", func(t *testing.T) {
