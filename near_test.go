@@ -53,13 +53,20 @@ func eachTracking(t *testing.T, f func(t *testing.T, tk packcache.Tracking)) {
 func waitNear[T any](t *testing.T, c *packcache.Cache[T], key string) {
 	t.Helper()
 	ctx := ctxT(t)
-	waitFor(t, time.Minute, "the near cache serving "+key, func() bool {
+	start := c.Stats()
+	if !eventually(time.Minute, func() bool {
 		before := c.Stats().NearHits
 		if _, err := c.Get(ctx, key); err != nil {
 			t.Fatalf("Get %s: %v", key, err)
 		}
 		return c.Stats().NearHits > before
-	})
+	}) {
+		// Why not: what the Gets met meanwhile.
+		st := c.Stats()
+		t.Fatalf("the near cache serving %s: not within %v; meanwhile %d Gets: %d hits, %d misses, %d loads, %d Redis errors; serving %v; breakers %+v",
+			key, time.Minute, st.Gets-start.Gets, st.Hits-start.Hits, st.Misses-start.Misses, st.Loads-start.Loads,
+			st.RedisErrors-start.RedisErrors, st.NearServing, st.Breakers)
+	}
 }
 
 // waitLocal Gets key until it is answered without a read of its own: by
