@@ -588,11 +588,14 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 		}
 		c.pols.prefixes = append(c.pols.prefixes, p)
 	}
-	c.remote.peers.watch(rdb) // before the near cache's tracker meets the nodes
+	// Both before the near cache's tracker loads a Cluster's slot map,
+	// which makes its node clients: they are watched as they are made.
+	c.remote.peers.watch(rdb)
+	c.remote.nodes.Watch(rdb)
 	if err := c.startNear(rdb, cfg); err != nil {
+		c.remote.nodes.Close()
 		return nil, err
 	}
-	c.remote.nodes.Watch(rdb)
 	return c, nil
 }
 

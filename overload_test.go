@@ -169,6 +169,141 @@ func TestSlowDialIsNotRedisFailing(t *testing.T) {
 	}
 }
 
+// starveHook stands for a goroutine that gets no CPU: the first call of
+// key after armed is set (a command or a pipeline) waits until its
+// context ends, and writes nothing. key is set before armed.
+type starveHook struct {
+	key   string
+	armed atomic.Bool
+}
+
+func (h *starveHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *starveHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := h.starve(ctx, cmd); err != nil {
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *starveHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if err := h.starve(ctx, cmd); err != nil {
+				for _, c := range cmds {
+					c.SetErr(err)
+				}
+				return err
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *starveHook) starve(ctx context.Context, cmd redis.Cmder) error {
+	// key is read only once armed is seen set: it was written before.
+	if !h.armed.Load() {
+		return nil
+	}
+	if a := cmd.Args(); len(a) < 2 || a[1] != h.key || !h.armed.CompareAndSwap(true, false) {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestLateOnClusterIsNotFailing: on a Cluster, a read that ran out of its
+// budget before its command was written (starveHook) is late, not its
+// node's failure, whatever touched the client before the cache's first
+// call: New itself, whose near cache loads the slot map and so makes the
+// node clients (its probe and its invalidation stream), or the
+// application, which used the client before New. The breaker, opened by
+// a single failure, stays closed, no Redis error is counted, and the read
+// is made again and answered. (Before, a near cache's New made every node
+// client before the cache watched the client, and a node client made
+// before New was never watched: each late call on them was judged by the
+// clock alone, and failed its node.)
+func TestLateOnClusterIsNotFailing(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	for _, tc := range []struct {
+		name       string
+		near, used bool
+	}{{"near cache", true, false}, {"client used before New", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			prefix := strings.ReplaceAll(tc.name, " ", "-") + ":"
+			hook := &starveHook{}
+			rdb := cl.Client(t, func(o *redis.ClusterOptions) { o.MaxRetries = -1 })
+			rdb.AddHook(hook)
+			if tc.used {
+				// The slot map loaded, so every node client made, and a
+				// connection dialled to one node, before New.
+				if err := rdb.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			watch := &breakerWatch{}
+			var log errorLog
+			opts := []packcache.Option{packcache.WithRedisTimeout(300 * time.Millisecond), packcache.WithCircuitBreaker(1, time.Minute),
+				packcache.WithShareWindow(packcache.Off), packcache.WithObserver(watch), log.handler()}
+			if tc.near {
+				opts = append(opts, packcache.WithLocalCache(packcache.LocalCache{MaxBytes: 1 << 20}))
+			}
+			c, err := packcache.New[string](rdb, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// A key whose master holds no connection made before New: one
+			// made before is not watched, and a late call that may have
+			// used it is judged by the clock (docs/operations.md).
+			key, warm := "", ""
+			for i := 0; warm == ""; i++ {
+				if i == 1000 {
+					t.Fatal("every master holds a connection made before New")
+				}
+				k := fmt.Sprintf("%s%d", prefix, i)
+				m, err := rdb.MasterForKey(ctx, k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case m.PoolStats().TotalConns != 0 && key == "":
+				case key == "":
+					key = k
+				case cl.NodeForKey(t, k) == cl.NodeForKey(t, key):
+					warm = k
+				}
+			}
+			// Another key of the master, through the cache: its pool
+			// holds a connection, as a service's does.
+			if err := c.Set(ctx, warm, "warm"); err != nil {
+				t.Fatal(err)
+			}
+			if err := mustNew[string](t, cl.Client(t)).Set(ctx, key, "stored"); err != nil {
+				t.Fatal(err)
+			}
+			hook.key = key
+			hook.armed.Store(true)
+			v, err := c.Get(ctx, key)
+			if err != nil || v != "stored" {
+				t.Fatalf("Get after a late read: %q, %v", v, err)
+			}
+			if hook.armed.Load() {
+				t.Fatal("the Get made no Redis call: nothing was late")
+			}
+			if st := c.Stats(); st.RedisErrors != 0 || watch.opened.Load() != 0 {
+				t.Fatalf("a late read: %d Redis errors, breaker opened %d times; want 0, 0 (errors: %v)", st.RedisErrors, watch.opened.Load(), log.all())
+			}
+		})
+	}
+}
+
 // TestStalledNodeOpensBreakerAsBefore: a SIGSTOPped server opens the
 // breaker after exactly as many budget expiries as the breaker's
 // threshold, each counted as a Redis error; the next call is refused by

@@ -286,5 +286,17 @@ func (b *Node) unresponsive(bud *Budget) bool {
 		return w <= bud.deadline.UnixNano()-int64(bud.deadline.Sub(bud.start))/2
 	}
 	cl := b.pool.Load()
-	return cl == nil || int64(cl.PoolStats().TotalConns) > b.watched.Load()
+	return cl == nil || pooled(cl.PoolStats()) > b.watched.Load()
+}
+
+// pooled counts the connections a client holds: its pool's, its separate
+// pipeline pool's (go-redis makes one where pipelines have buffers of
+// their own), and its Pub/Sub connections, every one dialled through the
+// hooks that watch them.
+func pooled(st *redis.PoolStats) int64 {
+	n := int64(st.TotalConns) + int64(st.PubSubStats.Active)
+	if st.PipelineStats != nil {
+		n += int64(st.PipelineStats.TotalConns)
+	}
+	return n
 }

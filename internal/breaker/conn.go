@@ -53,6 +53,23 @@ func hubFor[C any](c *C, hook func(*hub)) *hub {
 	return h.(*hub)
 }
 
+// hooked holds the node clients of Clusters that hookNode hooked,
+// weakly: a client no one holds is dropped.
+var hooked sync.Map // weak.Pointer[redis.Client] -> struct{}
+
+// hookNode hooks cl, a node client of the Cluster whose hub is h, once,
+// however many caches over the Cluster meet it and however they do: the
+// cluster makes it (OnNewNode), or a cache's call meets it, made before
+// the first cache (Nodes.ForKey).
+func hookNode(cl *redis.Client, h *hub) {
+	key := weak.Make(cl)
+	if _, loaded := hooked.LoadOrStore(key, struct{}{}); loaded {
+		return
+	}
+	runtime.AddCleanup(cl, func(k weak.Pointer[redis.Client]) { hooked.Delete(k) }, key)
+	cl.AddHook(dialHook{h})
+}
+
 func (h *hub) add(n *Nodes) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -77,15 +94,16 @@ func (h *hub) remove(n *Nodes) {
 
 // watchDials makes rdb's connections report to n's nodes: through the
 // client's hub for a single-node or Cluster client (on a Cluster, each
-// node's client is hooked as the cluster makes it), or through a hook of
-// n's own for a client of another kind. Connections the client made
-// before its first cache was made are not watched: see Judge. Close
-// ends the reports (hub.remove).
+// node's client is hooked as the cluster makes it, or, if the cluster
+// made it before, when a cache first calls the node: see hookNode), or
+// through a hook of n's own for a client of another kind. Connections
+// the client made before its first cache was made are not watched: see
+// Judge. Close ends the reports (hub.remove).
 func watchDials(rdb redis.UniversalClient, n *Nodes) *hub {
 	var h *hub
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
-		h = hubFor(c, func(h *hub) { c.OnNewNode(func(cl *redis.Client) { cl.AddHook(dialHook{h}) }) })
+		h = hubFor(c, func(h *hub) { c.OnNewNode(func(cl *redis.Client) { hookNode(cl, h) }) })
 	case *redis.Client:
 		h = hubFor(c, func(h *hub) { c.AddHook(dialHook{h}) })
 	default:

@@ -76,3 +76,97 @@ func TestWatchedConnectionsReport(t *testing.T) {
 		t.Fatal("a closed Nodes still hears its client's connections")
 	}
 }
+
+// On a Cluster, every connection a node client dials once a Nodes
+// watches the client is watched, once: whether the cluster made the node
+// client before Watch (hooked when ForKey meets it) or after (hooked as it
+// is made), and however many Nodes watch it or meet it.
+func TestClusterNodesWatchedOnce(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	for _, before := range []bool{true, false} {
+		rdb := cl.Client(t)
+		if before {
+			// Every node client made, before any Nodes watches.
+			if err := rdb.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var all []*Nodes
+		for range 2 {
+			n := New(rdb, Config{Failures: 1, Cooldown: time.Hour}, nil, time.Second)
+			n.Watch(rdb)
+			defer n.Close()
+			all = append(all, n)
+		}
+		// Each node's connections dialled before Watch.
+		was := map[string]int64{}
+		for i := range 30 {
+			key := "w" + string(rune('a'+i))
+			m, err := rdb.MasterForKey(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := was[m.Options().Addr]; !ok {
+				was[m.Options().Addr] = 0
+				if before {
+					was[m.Options().Addr] = pooled(m.PoolStats())
+				}
+			}
+			for _, n := range all {
+				n.ForKey(ctx, key)
+			}
+			// A command, a pipeline (go-redis may give pipelines a pool
+			// of their own), and a connection held.
+			if err := m.Get(ctx, key).Err(); err != redis.Nil {
+				t.Fatal(err)
+			}
+			pipe := m.Pipeline()
+			pipe.Get(ctx, key)
+			if _, err := pipe.Exec(ctx); err != redis.Nil {
+				t.Fatal(err)
+			}
+			cn := m.Conn()
+			if err := cn.Get(ctx, key).Err(); err != redis.Nil {
+				t.Fatal(err)
+			}
+			cn.Close()
+		}
+		for _, n := range all {
+			for addr, old := range was {
+				b := n.forAddr(addr)
+				total := pooled(b.pool.Load().PoolStats())
+				if w := b.watched.Load(); w != total-old {
+					t.Errorf("made before Watch %v: %s has %d connections, %d of them from before; %d watched, want %d", before, addr, total, old, w, total-old)
+				}
+			}
+		}
+	}
+}
+
+// A connection dialled before Watch makes an expiry with nothing come
+// back the node's, wherever the watched ones are: go-redis may keep
+// pipelines' connections in a pool of their own, which counts too.
+func TestUnwatchedConnectionBeside(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := context.Background()
+	rdb := s.Client(t)
+	n := New(rdb, Config{Failures: 1, Cooldown: time.Hour}, nil, time.Second)
+	if err := rdb.Get(ctx, "k").Err(); err != redis.Nil { // dialled before Watch
+		t.Fatal(err)
+	}
+	n.Watch(rdb)
+	defer n.Close()
+	pipe := rdb.Pipeline()
+	pipe.Get(ctx, "k")
+	if _, err := pipe.Exec(ctx); err != redis.Nil {
+		t.Fatal(err)
+	}
+	st := rdb.PoolStats()
+	t.Logf("pool %d, pipelines' pool %v, watched %d", st.TotalConns, st.PipelineStats != nil, n.One().watched.Load())
+	bud := n.Budget(ctx, n.One())
+	defer bud.End()
+	if !n.One().unresponsive(bud) {
+		t.Fatal("an expiry with an unwatched connection in the pool, nothing come back since the call began, was not the node's")
+	}
+}

@@ -94,6 +94,11 @@ func (n *Nodes) ForKey(ctx context.Context, key string) *Node {
 	b := n.forAddr(cl.Options().Addr)
 	if b.pool.Load() != cl {
 		b.pool.Store(cl)
+		if n.hub != nil {
+			// A node client the cluster made before the first cache
+			// watched it is met here first: watched from now on.
+			hookNode(cl, n.hub)
+		}
 	}
 	return b
 }
