@@ -131,15 +131,20 @@ func TestCloseDuringTraffic(t *testing.T) {
 
 // TestCloseWaitsForBackgroundWork: a load whose callers have left, and a
 // background refresh, go on after Close begins; Close returns once they
-// have ended, and their values are stored.
+// have ended, and their values are stored. The loads are held until Close
+// is seen waiting for them, so that nothing depends on how long anything
+// takes on a busy machine.
 func TestCloseWaitsForBackgroundWork(t *testing.T) {
 	redistest.RequireServer(t, "waits on timings and goroutine counts an embedded miniredis would change")
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	var slow atomic.Bool
+	var hold atomic.Bool
+	started := make(chan string, 2)
+	release := make(chan struct{})
 	load := packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
-		if slow.Load() {
-			time.Sleep(300 * time.Millisecond)
+		if hold.Load() {
+			started <- key
+			<-release // ignores ctx: Close must wait for it all the same
 		}
 		return Channel{ID: key, Title: "loaded"}, nil
 	})
@@ -154,21 +159,48 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	rdb.PExpire(ctx, "bg:refresh", time.Minute-60*time.Millisecond) // 60 ms old: due for refresh
-	slow.Store(true)
+	hold.Store(true)
 	if v, err := c.Get(ctx, "bg:refresh"); err != nil || v.Title != "old" {
 		t.Fatalf("Get of a value due for refresh: %+v, %v", v, err)
 	}
-	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	defer cancel()
-	if _, err := c.Get(short, "bg:detached"); !errors.Is(err, context.DeadlineExceeded) {
+	if k := <-started; k != "bg:refresh" {
+		t.Fatalf("loaded %q, want the refresh of bg:refresh", k)
+	}
+	// A caller that leaves once its load has begun.
+	leaving, cancel := context.WithCancel(ctx)
+	left := make(chan error, 1)
+	go func() {
+		_, err := c.Get(leaving, "bg:detached")
+		left <- err
+	}()
+	if k := <-started; k != "bg:detached" {
+		t.Fatalf("loaded %q, want bg:detached", k)
+	}
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
 		t.Fatalf("caller that leaves: %v", err)
 	}
-	start := time.Now()
-	if err := c.Close(); err != nil {
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	// Close waits for the held loads: its goroutine blocks in close's
+	// select, and it does not return meanwhile.
+	waitFor(t, time.Minute, "Close waiting for the held loads", func() bool {
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned while the loads were held: %v", err)
+		default:
+		}
+		buf := make([]byte, 1<<20)
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "packcache.(*cache).close(") {
+				return true
+			}
+		}
+		return false
+	})
+	close(release)
+	if err := <-closed; err != nil {
 		t.Fatal(err)
-	}
-	if d := time.Since(start); d < 200*time.Millisecond {
-		t.Errorf("Close returned after %v, before the background work ended", d)
 	}
 	for _, k := range []string{"bg:refresh", "bg:detached"} {
 		if raw := string(rawGet(t, rdb, k)); !strings.Contains(raw, `"loaded"`) {
