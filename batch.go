@@ -52,6 +52,9 @@ func (c *cache) fetchMany(ctx context.Context, keys []string) []reply {
 // and acted on by rule, as Get does, over one pipeline per node; the keys
 // to load are loaded together, with one call of ld.
 func (c *cache) getMany(ctx context.Context, keys []string, ld loadFunc) (map[string]any, error) {
+	if err := checkKeys(opGet, keys...); err != nil {
+		return nil, err
+	}
 	if err := c.life.begin(opGet, first(keys)); err != nil {
 		return nil, err
 	}
@@ -194,7 +197,11 @@ func (c *cache) nearMany(keys []string, found map[string]any) ([]string, []ticke
 
 // setMany is SetMany, with each value a *T.
 func (c *cache) setMany(ctx context.Context, items map[string]any, opts []SetOption) error {
-	if err := c.life.begin(opSet, first(slices.Sorted(maps.Keys(items)))); err != nil {
+	sorted := slices.Sorted(maps.Keys(items))
+	if err := checkKeys(opSet, sorted...); err != nil {
+		return err
+	}
+	if err := c.life.begin(opSet, first(sorted)); err != nil {
 		return err
 	}
 	defer c.life.Exit()

@@ -34,6 +34,11 @@ import (
 // one another (see WithShareWindow), get the same T. With reference types
 // ([]byte, slices, maps, pointers) they must treat it as read-only.
 // WithDecodePerCaller gives each caller its own.
+//
+// Keys that begin with "packcache:" or "{packcache:" are the cache's own
+// (the groups' state, the dictionaries: see Reserved): every call that
+// names one fails with an error matching ErrReservedKey, and reads and
+// writes nothing.
 type Cache[T any] struct {
 	core *cache
 }
@@ -128,6 +133,9 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, fn func(ctx contex
 // policy), beside them so that a read begins in one file; the read itself
 // is get (read.go).
 func (c *cache) getOne(ctx context.Context, key string, fn loadOne) (any, error) {
+	if err := checkKeys(opGet, key); err != nil {
+		return nil, err
+	}
 	if err := c.life.begin(opGet, key); err != nil {
 		return nil, err
 	}

@@ -103,6 +103,11 @@ var (
 	// "no such value" with ErrNotFound instead.
 	ErrNilValue = errors.New("packcache: loader returned a nil pointer without an error")
 
+	// ErrReservedKey reports a call that names a key the cache keeps for
+	// itself (see Reserved): the groups' state under "{packcache:" and the
+	// dictionaries under "packcache:". The call read and wrote nothing.
+	ErrReservedKey = errors.New("packcache: key reserved for the cache's own use")
+
 	// DoNotCache is returned by a Loader together with a value to say the
 	// value is to be returned to callers but not stored, for partial or
 	// degraded results. Callers see the value and a nil error.

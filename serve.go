@@ -37,6 +37,10 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		c.tel.servedOne(p, http.StatusMethodNotAllowed, "", 0)
 		return
 	}
+	if err := checkKeys(opGet, key); err != nil {
+		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
+		return
+	}
 	if err := c.life.begin(opGet, key); err != nil {
 		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
 		return
@@ -114,7 +118,7 @@ func serveFailure(w http.ResponseWriter, r *http.Request, key string, err error,
 	status := http.StatusInternalServerError
 	report := true
 	switch {
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrMiss):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrMiss), errors.Is(err, ErrReservedKey):
 		status, report = http.StatusNotFound, false
 	case errors.Is(err, ErrClosed):
 		status, report = http.StatusServiceUnavailable, false

@@ -39,6 +39,9 @@ func SetTTL(d time.Duration) SetOption {
 
 // setOne is Set, with value a *T.
 func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOption) error {
+	if err := checkKeys(opSet, key); err != nil {
+		return err
+	}
 	if err := c.life.begin(opSet, key); err != nil {
 		return err
 	}
@@ -74,6 +77,9 @@ func (c *cache) setOne(ctx context.Context, key string, value any, opts []SetOpt
 func (c *cache) remove(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
+	}
+	if err := checkKeys(opDelete, keys...); err != nil {
+		return err
 	}
 	if err := c.life.begin(opDelete, keys[0]); err != nil {
 		return err
