@@ -47,7 +47,13 @@ type Cache[T any] struct {
 // later, and so is a go-redis client whose ContextTimeoutEnabled is false:
 // such a client ignores the deadlines the cache bounds each Redis call
 // with (WithRedisTimeout), and a hung Redis would stall every caller for
-// the client's own timeouts and retries.
+// the client's own timeouts and retries. A client with go-redis's own
+// client-side cache on (Options.ClientSideCacheConfig or ClientSideCache)
+// is refused with ErrClientSideCache: WithLocalCache is the cache's.
+//
+// WARNING: a Cluster's or a Ring's node clients are made by its NewClient
+// option; one that turns go-redis's client-side cache on for them cannot
+// be seen here, and breaks the cache's guarantees as such a client would.
 func New[T any](rdb redis.UniversalClient, opts ...Option) (*Cache[T], error) {
 	c, err := newCache(rdb, kindOf[T](), opts)
 	if err != nil {
@@ -607,12 +613,17 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 	return c, nil
 }
 
-// checkClient refuses a go-redis client that ignores context deadlines.
+// checkClient refuses a go-redis client that ignores context deadlines,
+// and one whose own client-side cache is on.
 func checkClient(rdb redis.UniversalClient) error {
 	var on bool
 	switch c := rdb.(type) {
 	case *redis.Client:
-		on = c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		on = o.ContextTimeoutEnabled
+		if o.ClientSideCacheConfig != nil || !isNil(o.ClientSideCache) {
+			return ErrClientSideCache
+		}
 	case *redis.ClusterClient:
 		on = c.Options().ContextTimeoutEnabled
 	case *redis.Ring:
@@ -624,6 +635,15 @@ func checkClient(rdb redis.UniversalClient) error {
 		return errors.New("packcache: the redis client ignores context deadlines: set ContextTimeoutEnabled: true in its options, so that the cache's Redis time budget (WithRedisTimeout) bounds each call")
 	}
 	return nil
+}
+
+// isNil reports whether v is nil, or holds a nil pointer.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	r := reflect.ValueOf(v)
+	return r.Kind() == reflect.Pointer && r.IsNil()
 }
 
 // resolve turns a merged Policy into c's form of it. Its dictionary, if

@@ -108,6 +108,15 @@ var (
 	// dictionaries under "packcache:". The call read and wrote nothing.
 	ErrReservedKey = errors.New("packcache: key reserved for the cache's own use")
 
+	// ErrClientSideCache is returned by New for a go-redis client whose own
+	// client-side cache is on (Options.ClientSideCacheConfig or
+	// ClientSideCache). Its reads would be answered from go-redis's copy of
+	// the bytes, outside the near cache's MaxLag, the cache's invalidations
+	// and its rule that writes are never undone: a Get after another
+	// process's Delete could return the deleted value. WithLocalCache is
+	// the cache's own near cache, kept fresh by Redis tracking.
+	ErrClientSideCache = errors.New("packcache: the redis client has go-redis's client-side cache on (Options.ClientSideCacheConfig or ClientSideCache): turn it off and use WithLocalCache")
+
 	// DoNotCache is returned by a Loader together with a value to say the
 	// value is to be returned to callers but not stored, for partial or
 	// degraded results. Callers see the value and a nil error.

@@ -6,7 +6,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/packcache/packcache/internal/tracking"
 )
 
 // Pending invalidations through a Cluster failover. go-redis routes a
@@ -97,9 +98,7 @@ func (p *peers) client(addr string) *redis.Client {
 	for _, like := range p.byAddr {
 		o := *like.Options()
 		o.Addr = addr
-		// As the tracker's connections (internal/tracking): no
-		// maintenance notifications, which would start a goroutine.
-		o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+		tracking.Own(&o) // as the tracker's connections
 		c := redis.NewClient(&o)
 		if p.own == nil {
 			p.own = map[string]*redis.Client{}

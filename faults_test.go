@@ -1284,3 +1284,36 @@ func TestNewRefusesClientIgnoringDeadlines(t *testing.T) {
 		rdb.Close()
 	}
 }
+
+// TestNewRefusesClientSideCache: a client whose go-redis client-side
+// cache is on would answer the cache's reads from go-redis's copy, past
+// another process's Delete; New refuses it by name, and the same client
+// without it is taken.
+func TestNewRefusesClientSideCache(t *testing.T) {
+	t.Parallel()
+	s, _ := single(t)
+	for name, rdb := range map[string]redis.UniversalClient{
+		"config": redis.NewClient(&redis.Options{Addr: s.Addr(), Protocol: 3, ContextTimeoutEnabled: true,
+			ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 100}}),
+		"cache": redis.NewClient(&redis.Options{Addr: s.Addr(), Protocol: 3, ContextTimeoutEnabled: true,
+			ClientSideCache: redis.NewLocalCache(redis.CacheConfig{MaxEntries: 100})}),
+		"universal": redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{s.Addr()}, Protocol: 3, ContextTimeoutEnabled: true,
+			ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 100}}),
+	} {
+		c, err := packcache.New[Channel](rdb)
+		if !errors.Is(err, packcache.ErrClientSideCache) || !strings.Contains(err.Error(), "ClientSideCacheConfig") {
+			t.Errorf("%s: New = %v, want an error matching ErrClientSideCache naming ClientSideCacheConfig", name, err)
+		}
+		if c != nil {
+			c.Close()
+		}
+		rdb.Close()
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Protocol: 3, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	c, err := packcache.New[Channel](rdb)
+	if err != nil {
+		t.Fatalf("New without a client-side cache: %v", err)
+	}
+	c.Close()
+}

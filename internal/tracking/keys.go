@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Tracking per key (OPTIN): with NewKeys, each listener also keeps a few
@@ -61,7 +60,7 @@ func (tr *Tracker) newReaders(opt redis.Options, id int64, run string) *readers 
 	o.ClientName = "packcache-tracked-read"
 	o.Protocol = 2 // no push messages: invalidations go to the listener
 	o.ContextTimeoutEnabled = true
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	Own(&o)
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = readersPerMaster, 0, readersPerMaster
 	o.ConnMaxIdleTime, o.ConnMaxLifetime = -1, 0
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {

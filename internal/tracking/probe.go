@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // A RefusedError is a server's refusal of CLIENT TRACKING: Addr is the
@@ -73,7 +72,7 @@ func probe(ctx context.Context, addr string, opt *redis.Options) error {
 	// second, once its pool's size in dials have failed.
 	o.MaxRetries = -1
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 2, 0, 1
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	Own(&o)
 	c := redis.NewClient(&o)
 	defer c.Close()
 	if err := c.Ping(ctx).Err(); err != nil {

@@ -381,9 +381,7 @@ func (tr *Tracker) add(addr string, opt *redis.Options) {
 	o.ClientName = "packcache-invalidation"
 	o.ContextTimeoutEnabled = true
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
-	// Maintenance notifications are a RESP3 feature, which this
-	// connection does not speak; disabled, they start no goroutine.
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	Own(&o)
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		if userConnect != nil {
 			if err := userConnect(ctx, cn); err != nil {
@@ -671,4 +669,15 @@ func (tr *Tracker) Close() {
 		g.until.Store(0)
 	}
 	tr.gmu.Unlock()
+}
+
+// Own readies o, a copy of a user's client options, for a client of the
+// cache's own: no maintenance notifications (a RESP3 feature; disabled,
+// they start no goroutine) and no client-side cache of go-redis's, which
+// would answer the cache's reads from a copy of its own and warn, at
+// init, on a RESP2 connection.
+func Own(o *redis.Options) {
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	o.ClientSideCacheConfig, o.ClientSideCache = nil, nil
+	o.ClientSideCacheRefreshOnInvalidate, o.ClientSideCacheCoalesceMisses = false, false
 }
