@@ -1,7 +1,10 @@
 package packcache
 
 import (
+	"fmt"
 	"reflect"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -9,6 +12,8 @@ import (
 )
 
 // Stats is a snapshot of a cache's counters, in total and per prefix.
+// It marshals to JSON (encoding/json), for a health endpoint: Served's
+// keys as "200 zstd", "404" (ServeResponse.MarshalText), and back.
 type Stats struct {
 	Counters
 
@@ -57,6 +62,27 @@ type BreakerState struct {
 type ServeResponse struct {
 	Status int
 	Coding string
+}
+
+// MarshalText is the response's status, then its coding if any, as in
+// "200 zstd" or "404": the key of Stats.Served in JSON.
+func (r ServeResponse) MarshalText() ([]byte, error) {
+	b := strconv.AppendInt(nil, int64(r.Status), 10)
+	if r.Coding != "" {
+		b = append(append(b, ' '), r.Coding...)
+	}
+	return b, nil
+}
+
+// UnmarshalText reads what MarshalText writes.
+func (r *ServeResponse) UnmarshalText(b []byte) error {
+	status, coding, _ := strings.Cut(string(b), " ")
+	n, err := strconv.Atoi(status)
+	if err != nil || n < 100 || n > 999 || strings.Contains(coding, " ") {
+		return fmt.Errorf("packcache: ServeResponse %q: want a status and an optional coding, as in \"200 zstd\"", b)
+	}
+	r.Status, r.Coding = n, coding
+	return nil
 }
 
 // ServeCount counts Serve's responses of one kind.

@@ -1,8 +1,12 @@
 package packcache_test
 
 import (
+	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +122,47 @@ func TestStatsServed(t *testing.T) {
 	for _, k := range []packcache.ServeResponse{{200, "zstd"}, {200, "gzip"}, {200, "identity"}, {304, "zstd"}, {412, "zstd"}, {406, ""}, {405, ""}, {404, ""}} {
 		if want[k].Responses == 0 {
 			t.Errorf("no %v among the responses: the test does not make one", k)
+		}
+	}
+}
+
+// TestStatsJSON: Stats after Serve responses of several kinds marshals to
+// JSON, with Served's keys as "200 zstd" and "404", and reads back equal.
+func TestStatsJSON(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	c := mustNew[Channel](t, rdb)
+	if err := c.Set(ctx, "ch", makeChannel(1, 8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ae := range []string{"zstd", "gzip", ""} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("Accept-Encoding", ae)
+		c.Serve(httptest.NewRecorder(), r, "ch")
+	}
+	c.Serve(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), "absent")
+	st := c.Stats()
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatalf("json.Marshal(Stats()): %v", err)
+	}
+	for _, k := range []string{`"200 zstd":`, `"200 gzip":`, `"200 identity":`, `"404":`} {
+		if !strings.Contains(string(b), k) {
+			t.Errorf("Stats as JSON lacks %s: %s", k, b)
+		}
+	}
+	var back packcache.Stats
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("json.Unmarshal: %v", err)
+	}
+	if !reflect.DeepEqual(back.Served, st.Served) || back.Gets != st.Gets {
+		t.Errorf("read back %+v, want %+v", back.Served, st.Served)
+	}
+	var bad packcache.ServeResponse
+	for _, s := range []string{"", "zstd", "200 a b", "20"} {
+		if err := bad.UnmarshalText([]byte(s)); err == nil {
+			t.Errorf("UnmarshalText(%q) = nil, want an error", s)
 		}
 	}
 }
