@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -1316,4 +1317,69 @@ func TestNewRefusesClientSideCache(t *testing.T) {
 		t.Fatalf("New without a client-side cache: %v", err)
 	}
 	c.Close()
+}
+
+// TestScriptFlush: a SCRIPT FLUSH (a restart, a failover to a replica that
+// never ran the scripts, an operator) between calls costs each script the
+// cache runs one NOSCRIPT and an EVAL, never a failed call: a grouped Set
+// and InvalidateGroups, a read-through store, a lock's acquire and
+// release, a batch load's store and a dictionary's publication all land.
+func TestScriptFlush(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "SCRIPT FLUSH and INFO commandstats")
+	ctx := ctxT(t)
+	load := packcache.LoaderFunc[json.RawMessage](func(_ context.Context, key string) (json.RawMessage, error) {
+		return json.RawMessage(`{"k":"` + key + `"}`), nil
+	})
+	c := mustNew[json.RawMessage](t, rdb, packcache.WithLoader(load), packcache.WithLock(time.Minute),
+		packcache.WithPrefix("d:", packcache.Policy{Dictionary: profileDictionary(t, 1)}))
+	profile, err := json.Marshal(profiles(1, 3)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name string
+		do   func() error
+		want map[string]bool // keys Redis must hold afterwards (true) or not (false)
+	}{
+		{"grouped Set", func() error { return c.Set(ctx, "g:1", json.RawMessage(`{"a":1}`), packcache.InGroups("g")) },
+			map[string]bool{"g:1": true, "{packcache:g}:g": true}},
+		{"InvalidateGroups", func() error { return c.InvalidateGroups(ctx, "g") }, map[string]bool{"{packcache:g}:g": false}},
+		{"read-through Get", func() error { _, err := c.Get(ctx, "r:1"); return err }, map[string]bool{"r:1": true}},
+		{"GetOrLoadMany", func() error {
+			_, err := c.GetOrLoadMany(ctx, []string{"m:1", "m:2"}, func(_ context.Context, keys []string) (map[string]json.RawMessage, error) {
+				m := map[string]json.RawMessage{}
+				for _, k := range keys {
+					m[k] = json.RawMessage(`{}`)
+				}
+				return m, nil
+			})
+			return err
+		}, map[string]bool{"m:1": true, "m:2": true}},
+		{"dictionary Set", func() error { return c.Set(ctx, "d:1", profile) }, map[string]bool{"d:1": true}},
+	}
+	for _, st := range steps {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		evals := s.CommandCount(t, "eval")
+		if err := st.do(); err != nil {
+			t.Fatalf("%s after SCRIPT FLUSH: %v", st.name, err)
+		}
+		if s.CommandCount(t, "eval") == evals {
+			t.Errorf("%s after SCRIPT FLUSH ran no EVAL: the flush was not met", st.name)
+		}
+		for k, held := range st.want {
+			if n := rdb.Exists(ctx, k).Val(); (n == 1) != held {
+				t.Errorf("after %s, EXISTS %s = %d, want held=%v", st.name, k, n, held)
+			}
+		}
+	}
+	if keys := rdb.Keys(ctx, "packcache:dict:*").Val(); len(keys) != 1 {
+		t.Errorf("dictionary keys %q after its Set, want one", keys)
+	}
+	if v, err := c.Get(ctx, "g:1"); err != nil || string(v) != `{"k":"g:1"}` {
+		t.Errorf("Get of the invalidated member = %s, %v; want it loaded again", v, err)
+	}
 }
