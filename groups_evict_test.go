@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,12 +186,12 @@ func attackGroupLoss(t *testing.T, raw redis.UniversalClient, newClient func() r
 		})
 	}
 
-	var loads int
+	var loads atomic.Int64
 	load := func(g string) {
 		t.Helper()
 		k := newKey(g)
 		v, err := a.GetOrLoad(ctx, k, func(ctx context.Context) (string, error) {
-			loads++
+			loads.Add(1)
 			return "new " + k, packcache.StoreWith(ctx, k, packcache.InGroups(g))
 		})
 		if err != nil || v != "new "+k {
@@ -209,7 +210,7 @@ func attackGroupLoss(t *testing.T, raw redis.UniversalClient, newClient func() r
 			t.Fatal(err)
 		}
 	}
-	load(before[0]) // first: the sequence is missing (but for a restart's own)
+	load(before[0]) // first: the sequence is still missing
 	set(before[1])
 	setMany(before[2])
 	if err := a.InvalidateGroups(ctx, after...); err != nil {
@@ -219,8 +220,8 @@ func attackGroupLoss(t *testing.T, raw redis.UniversalClient, newClient func() r
 	set(after[0])
 	setMany(after[1])
 	load(after[2])
-	if loads != 2 {
-		t.Errorf("2 loads after the loss called their loader %d times, want once each", loads)
+	if n := loads.Load(); n != 2 {
+		t.Errorf("2 loads after the loss called their loader %d times, want once each", n)
 	}
 
 	c := mustNew[string](t, newClient()) // a process started after the loss
@@ -257,7 +258,8 @@ func attackGroupLoss(t *testing.T, raw redis.UniversalClient, newClient func() r
 
 // TestGroupsStateDeleted: the groups' sequence, or every key under
 // their tag, deleted through a raw client (as eviction or a restart
-// would lose them), single node and Cluster, near cache on and off.
+// would lose them), single node and Cluster, the reader without a near
+// cache and with one in each tracking mode (as in the tests below).
 func TestGroupsStateDeleted(t *testing.T) {
 	t.Parallel() // a set of the shared servers of its own (forEachTarget)
 	forEachTarget(t, func(t *testing.T, tg redistest.Target) {
