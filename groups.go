@@ -25,7 +25,12 @@ import (
 //
 //   - {packcache:g}seq counts invalidations; it is the one key that lives
 //     forever (a few bytes, whatever the number of groups or
-//     invalidations).
+//     invalidations). It never goes back: Redis may lose it (evicted
+//     under allkeys-*, as the key no read touches; a restart of its
+//     node), and a script that finds it missing remakes it from the
+//     server's clock, in microseconds (seqLua), never from 0, so above
+//     every value it held, which grew by one per invalidation from the
+//     clock's reading when it was last made.
 //   - {packcache:g}:<group> holds the sequence at which the group's record
 //     was made. It is made by the first write into the group (after its
 //     last invalidation), lives as long as the longest-lived value stored
@@ -41,6 +46,13 @@ import (
 // made anew at a sequence above its own S; a load that began before it
 // read an S below the sequence of any record made since, even when the
 // loader names its groups only after the invalidation.
+//
+// Whatever Redis loses of this state, no value stored in a group before
+// an invalidation of it is current afterwards: a record lost reads as
+// the group invalidated (its members are misses until written again), and
+// a record made after a loss is made at the sequence remade above every
+// member's S. The promise leans on the clock only there: see FORMAT.md,
+// 2.4, for what a clock that steps back can undo.
 //
 // Every key of the scheme is in one slot, so each step is one command on
 // one node, also on a Cluster, where a member's node and the groups' node
@@ -100,11 +112,43 @@ type groupState struct {
 	marks  *marks       // the near caches' marks; nil: no near cache
 }
 
+// seqLua holds the Lua functions the groups' scripts use the sequence
+// (KEYS[1]) with: seq() reads it, as a string of digits, and bump()
+// increments it. A sequence that seq() finds missing, or that bump()'s
+// INCR makes 1 (it was missing, or 0, as writers before issue 34 read a
+// missing one), was never made or was lost: it is made first as the
+// server's clock (TIME) in microseconds. clock() gives that as digits
+// built from TIME's strings, never as a Lua number, which Redis may
+// print with an exponent. (Scripts are replicated by their effects: the
+// SET of what the clock read, not TIME.)
+const seqLua = `
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+local function seq()
+  local s = redis.call('GET', KEYS[1])
+  if not s then
+    s = clock()
+    redis.call('SET', KEYS[1], s)
+  end
+  return s
+end
+local function bump()
+  local s = redis.call('INCR', KEYS[1])
+  if s == 1 then
+    redis.call('SET', KEYS[1], clock())
+    s = redis.call('INCR', KEYS[1])
+  end
+  return s
+end
+`
+
 // invalidateScript is InvalidateGroups: KEYS[1] is the sequence, the
 // others are the groups' records, all in one slot. It returns the new
 // sequence.
-var invalidateScript = redis.NewScript(`
-local s = redis.call('INCR', KEYS[1])
+var invalidateScript = redis.NewScript(seqLua + `
+local s = bump()
 for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 return s`)
 
@@ -112,16 +156,19 @@ return s`)
 // the sequence, the others the groups' records. A record missing is made
 // at the current sequence; a record's expiry is extended to twice ARGV[1]
 // ms when it has less than ARGV[1] left (ARGV[1] = 0: the value has no
-// expiry, and neither has the record). It returns the current sequence,
-// then each record's sequence.
-var stampScript = redis.NewScript(`
-local s = tonumber(redis.call('GET', KEYS[1]) or '0')
+// expiry, and neither has the record). It returns the current sequence
+// (remade if missing, seqLua), then each record's sequence. With no
+// record, it is the read of the sequence of a load that found it missing
+// (groupSeq).
+var stampScript = redis.NewScript(seqLua + `
+local str = seq()
+local s = tonumber(str)
 local keep = tonumber(ARGV[1])
 local out = {s}
 for i = 2, #KEYS do
   local c = redis.call('GET', KEYS[i])
   if not c then
-    if keep > 0 then redis.call('SET', KEYS[i], s, 'PX', 2 * keep) else redis.call('SET', KEYS[i], s) end
+    if keep > 0 then redis.call('SET', KEYS[i], str, 'PX', 2 * keep) else redis.call('SET', KEYS[i], str) end
     c = s
   else
     c = tonumber(c)
@@ -225,6 +272,11 @@ func (g *groupState) stamp(ctx context.Context, op, key string, groups []string,
 }
 
 // groupSeq reads the group sequence, for a load about to call its loader.
+// A sequence missing is remade (stampScript, with no record), as the
+// load's own stamp would remake it after the loader returned: read as 0,
+// every record that stamp makes would be above it, and the load would
+// race itself (raced) and call its loader again. The GET alone is the
+// common case.
 func (g *groupState) groupSeq(ctx context.Context, key string) (uint64, error) {
 	var s string
 	err := g.remote.roundTrip(ctx, opGet, groupSeqKey, g.pols.of(key), true, func(ctx context.Context) error {
@@ -233,7 +285,8 @@ func (g *groupState) groupSeq(ctx context.Context, key string) (uint64, error) {
 		return err
 	})
 	if err == redis.Nil {
-		return 0, nil
+		seq, _, err := g.stamp(ctx, opGet, key, nil, Off)
+		return seq, err
 	}
 	if err != nil {
 		return 0, err

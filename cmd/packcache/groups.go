@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -25,11 +26,18 @@ const (
 
 // invalidateScript invalidates groups as FORMAT.md section 2.4 says (and
 // as packcache's InvalidateGroups does): KEYS[1] is the sequence, the
-// others the groups' records. It increments the sequence and deletes the
+// others the groups' records. It increments the sequence (remade, when
+// Redis lost it and INCR makes it 1, from the server's clock in
+// microseconds, never begun again from 0: FORMAT.md) and deletes the
 // records, and returns the new sequence, then each record's sequence
 // before its deletion (false: it had none).
 var invalidateScript = redis.NewScript(`
 local out = {redis.call('INCR', KEYS[1])}
+if out[1] == 1 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[1], t[1] .. string.format('%06d', tonumber(t[2])))
+  out[1] = redis.call('INCR', KEYS[1])
+end
 for i = 2, #KEYS do
   out[i] = redis.call('GET', KEYS[i])
   redis.call('DEL', KEYS[i])
@@ -182,7 +190,8 @@ func inspectEnvelope(ctx context.Context, c *conn, r *keyReport, v []byte) ([]by
 }
 
 // readSeq reads a sequence or a record: absent is redis.Nil, except for
-// the sequence itself, which is 0 when absent.
+// the sequence itself, shown as 0 when absent (a writer remakes it from
+// the clock before using it).
 func readSeq(cmd *redis.StringCmd) (uint64, error) {
 	s, err := cmd.Result()
 	if err == redis.Nil && cmd.Args()[1] == groupSeqKey {
@@ -200,6 +209,11 @@ func readSeq(cmd *redis.StringCmd) (uint64, error) {
 
 const envelopeMeaning = "envelope: a value in groups, or with a TTL of its own (FORMAT.md section 2.4)"
 
+// clockSeq is the least group sequence read as made from a clock (a
+// lost sequence is remade as the server's clock in microseconds: 2001 on):
+// below, it counts invalidations.
+const clockSeq = 1_000_000_000_000_000
+
 // isGroupKey reports whether key is one of the groups' keys: the
 // sequence or a group's record.
 func isGroupKey(key string) bool { return strings.HasPrefix(key, groupTag) }
@@ -216,8 +230,13 @@ func inspectGroupKey(ctx context.Context, c *conn, r *keyReport, key string, v [
 	}
 	if key == groupSeqKey {
 		r.Meaning = "the group sequence (FORMAT.md section 2.4): incremented by every invalidation of any group; it has no expiry"
-		if err == nil {
+		switch {
+		case err != nil:
+		case n < clockSeq:
 			r.Notes = append(r.Notes, fmt.Sprintf("%s so far", counted(int64(n), "invalidation")))
+		default:
+			r.Notes = append(r.Notes, fmt.Sprintf("made from the server's clock (%s, in microseconds), when first needed or after Redis lost it, plus one per invalidation since",
+				time.UnixMicro(int64(n)).UTC().Format(time.RFC3339)))
 		}
 		return nil
 	}

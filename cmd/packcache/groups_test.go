@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,6 +122,31 @@ func TestInvalidateGroups(t *testing.T) {
 			t.Fatalf("inspect of the groups' keys: exit %d, %q", res.code, res.stderr)
 		}
 		mustContain(t, res.stdout, "the group sequence", "8 invalidations so far", `the record of group "tenant:3"`, "made at sequence 7 (the sequence is now 8)")
+	})
+}
+
+// TestInvalidateRemakesLostSequence: invalidate --group, finding the
+// group sequence missing (evicted, or lost in a restart of its node),
+// remakes it from the server's clock in microseconds before moving it on
+// (FORMAT.md section 2.4), never from 0: the values stored before the
+// loss carry sequences a count begun again would reach.
+func TestInvalidateRemakesLostSequence(t *testing.T) {
+	t.Parallel() // a set of the shared servers of its own (TestMain)
+	targets(t, func(t *testing.T, tg redistest.Target) {
+		start := uint64(time.Now().UnixMicro()) // the server's clock is this machine's
+		res := cli(t, with(tg, "invalidate", "--group", "user:42")...)
+		if res.code != 0 {
+			t.Fatalf("invalidate: exit %d, stderr %q", res.code, res.stderr)
+		}
+		seq, err := strconv.ParseUint(string(get(t, tg, groupSeqKey)), 10, 64)
+		if err != nil || seq <= start {
+			t.Fatalf("the sequence remade as %d (%v), want above the clock's %d µs at the start", seq, err, start)
+		}
+		mustContain(t, res.stdout, "group sequence now "+strconv.FormatUint(seq, 10))
+		res = cli(t, with(tg, "invalidate", "--group", "user:42")...)
+		mustContain(t, res.stdout, "group sequence now "+strconv.FormatUint(seq+1, 10))
+		res = cli(t, with(tg, "inspect", groupSeqKey)...)
+		mustContain(t, res.stdout, "made from the server's clock ("+time.UnixMicro(int64(seq)).UTC().Format("2006-01-02T"))
 	})
 }
 
