@@ -537,3 +537,29 @@ func ExamplePolicy_dictionary() {
 	// stored with zstd-dict, in fewer bytes than plain: true
 	// {"id":1000,"user":"user042","plan":"pro","locale":"en-US","verified":true} <nil>
 }
+
+// BenchmarkDictionarySet is a Set of a 150-400 byte profile under a
+// prefix with a dictionary: what a write with a dictionary costs, its
+// check that Redis still holds the dictionary included. Run
+//
+//	go test -run NONE -bench DictionarySet -benchmem -count 10 .
+func BenchmarkDictionarySet(b *testing.B) {
+	s := redistest.Start(b)
+	rdb := s.Universal(b)
+	ctx := context.Background()
+	c := mustNew[json.RawMessage](b, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: profileDictionary(b, 61)}))
+	v := mustJSON(b, profiles(1, 62)[0])
+	if err := c.Set(ctx, "p:1", v); err != nil {
+		b.Fatal(err)
+	}
+	if raw, err := rdb.Get(ctx, "p:1").Bytes(); err != nil || raw[0] != codec.HeaderZstdDict {
+		b.Fatalf("stored %v, %v; not with the dictionary", raw, err)
+	}
+	b.SetBytes(int64(len(v)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Set(ctx, "p:1", v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
