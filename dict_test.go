@@ -117,11 +117,17 @@ func profileDictionary(t testing.TB, seed uint64) []byte {
 
 func dictID(t testing.TB, d []byte) uint32 {
 	t.Helper()
+	return parsed(t, d).ID()
+}
+
+// parsed is d parsed: its Bytes are what a writer publishes.
+func parsed(t testing.TB, d []byte) *codec.Dictionary {
+	t.Helper()
 	pd, err := codec.ParseDictionary(d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pd.ID()
+	return pd
 }
 
 // setProfiles stores vs under prefix0 ... prefixN-1.
@@ -417,6 +423,132 @@ func TestDictionaryMissing(t *testing.T) {
 	waitFor(t, 5*time.Second, "the dictionary, published again", func() bool {
 		got, err := r.Get(ctx, "p:1")
 		return err == nil && bytes.Equal(got, mustJSON(t, v))
+	})
+}
+
+// TestDictionaryComesBack: with the dictionary's key deleted (through the
+// raw client, as eviction would) while values written with it remain,
+// the writer's next Set publishes it again before it returns, with no
+// expiry, and a reader without a loader, which failed on those values
+// meanwhile, then reads them. Sets while Redis holds the dictionary
+// publish nothing.
+func TestDictionaryComesBack(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
+	ctx := ctxT(t)
+	d := profileDictionary(t, 55)
+	dk := codec.DictionaryKey(dictID(t, d))
+	published := parsed(t, d).Bytes()
+	var reported atomic.Int64
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}),
+		packcache.WithErrorHandler(func(context.Context, string, error) { reported.Add(1) }))
+	vs := profiles(20, 56)
+	setProfiles(t, w, "p:", vs)
+	s.ResetStats(t)
+	setProfiles(t, w, "p:", vs)
+	if n := s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval"); n != 0 {
+		t.Fatalf("20 Sets while Redis holds the dictionary ran %d scripts, want no publication", n)
+	}
+
+	for round := range 3 {
+		r := mustNew[json.RawMessage](t, rdb) // no loader, no dictionary: a reader that fetched it keeps it
+		if err := rdb.Del(ctx, dk).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Get(ctx, "p:"+strconv.Itoa(round)); !errors.Is(err, codec.ErrUnknownDictionary) {
+			t.Fatalf("round %d: Get with the dictionary deleted: %v, want an unknown dictionary", round, err)
+		}
+		if err := w.Set(ctx, "p:next", mustJSON(t, vs[round])); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := rdb.Get(ctx, dk).Bytes(); err != nil || !bytes.Equal(got, published) {
+			t.Fatalf("round %d: after the writer's next Set, %s holds %d bytes (%v), want the dictionary", round, dk, len(got), err)
+		}
+		if ttl := rdb.PTTL(ctx, dk).Val(); ttl != -1 {
+			t.Fatalf("round %d: %s published again with a TTL of %v, want none", round, dk, ttl)
+		}
+		// A missing dictionary is remembered for a second: wait for the
+		// reader to fetch it again.
+		waitFor(t, 10*time.Second, "the reader without a loader, reading the values", func() bool {
+			_, err := r.Get(ctx, "p:"+strconv.Itoa(round))
+			return err == nil
+		})
+		checkProfiles(t, r, "p:", vs)
+	}
+	if n := reported.Load(); n != 0 {
+		t.Errorf("%d errors reported, want none", n)
+	}
+}
+
+// TestDictionaryEvicted: under maxmemory with allkeys-lru, Redis evicts
+// the dictionary's key itself (no one reads it after it is fetched); a
+// value written with it remains, which a reader without a loader cannot
+// read; the writer's next Set puts the dictionary back, and the reader
+// then reads the value.
+func TestDictionaryEvicted(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+	redistest.RequireReal(t, s, "evicts under maxmemory")
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 57)
+	dk := codec.DictionaryKey(dictID(t, d))
+	published := parsed(t, d).Bytes()
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := mustJSON(t, profiles(1, 58)[0])
+	if err := w.Set(ctx, "p:1", v); err != nil {
+		t.Fatal(err)
+	}
+	stored := rawGet(t, rdb, "p:1")
+	if stored[0] != codec.HeaderZstdDict || rdb.Exists(ctx, dk).Val() != 1 {
+		t.Fatal("p:1 not stored with the published dictionary")
+	}
+
+	// Room for about 30 more 16 KiB values: writing more makes Redis
+	// evict, the least recently used first.
+	used := infoField(t, rdb, "memory", "used_memory")
+	if err := rdb.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used+512<<10, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	filler := bytes.Repeat([]byte("x"), 16<<10)
+	evicted := false
+	for i := 0; i < 100000 && !evicted; i++ {
+		if err := rdb.Set(ctx, "fill:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		evicted = rdb.Exists(ctx, dk).Val() == 0 // EXISTS is no use of the key for the LRU
+	}
+	if !evicted {
+		t.Fatalf("100,000 values of 16 KiB did not evict %s", dk)
+	}
+	if n := infoField(t, rdb, "stats", "evicted_keys"); n == 0 {
+		t.Fatalf("%s is gone, but Redis evicted nothing", dk)
+	}
+	// Redis has evicted the dictionary. From here it is to evict no more,
+	// so that what follows does not depend on which key it picks next:
+	// the value is put back if it went too, as values written with the
+	// dictionary remain in general.
+	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.SetNX(ctx, "p:1", stored, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	r := mustNew[json.RawMessage](t, rdb) // no loader, no dictionary
+	if _, err := r.Get(ctx, "p:1"); !errors.Is(err, codec.ErrUnknownDictionary) {
+		t.Fatalf("Get with the dictionary evicted: %v, want an unknown dictionary", err)
+	}
+	if err := w.Set(ctx, "p:2", v); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rdb.Get(ctx, dk).Bytes(); err != nil || !bytes.Equal(got, published) {
+		t.Fatalf("after the writer's next Set, %s holds %d bytes (%v), want the dictionary", dk, len(got), err)
+	}
+	waitFor(t, 10*time.Second, "the reader without a loader, reading p:1", func() bool {
+		got, err := r.Get(ctx, "p:1")
+		return err == nil && bytes.Equal(got, v)
 	})
 }
 
