@@ -552,6 +552,55 @@ func TestDictionaryEvicted(t *testing.T) {
 	})
 }
 
+// TestDictionaryComesBackCluster: on a Cluster, a Set whose key is on the
+// dictionary key's master checks it in its own round trip and puts it
+// back; a Set on another master sends that master nothing (it relies on
+// the publication once a minute).
+func TestDictionaryComesBackCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 59)
+	dk := codec.DictionaryKey(dictID(t, d))
+	published := parsed(t, d).Bytes()
+	dn := cl.NodeForKey(t, dk)
+	same := "p:{" + dk + "}" // the dictionary key's slot
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := "p:" + strconv.Itoa(i); cl.NodeForKey(t, k) != dn {
+			other = k
+		}
+	}
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := mustJSON(t, profiles(1, 60)[0])
+	if err := w.Set(ctx, same, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, dk).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dn.ResetStats(t)
+	if err := w.Set(ctx, other, v); err != nil {
+		t.Fatal(err)
+	}
+	if n := dn.CommandCount(t, "exists"); n != 0 {
+		t.Errorf("a Set on another master sent the dictionary's %d EXISTS", n)
+	}
+	if err := w.Set(ctx, same, v); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rdb.Get(ctx, dk).Bytes(); err != nil || !bytes.Equal(got, published) {
+		t.Fatalf("after a Set on its master, %s holds %d bytes (%v), want the dictionary", dk, len(got), err)
+	}
+	r := mustNew[json.RawMessage](t, rdb)
+	for _, k := range []string{same, other} {
+		if got, err := r.Get(ctx, k); err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("a reader without the dictionary, Get %s: %v", k, err)
+		}
+	}
+}
+
 // TestDictionaryPolicy: New refuses a bad dictionary and a codec that is
 // not zstd's beside it; the threshold defaults to DictionaryCompressAbove
 // and an explicit one wins; MinSaving keeps plain what does not gain; the
@@ -694,4 +743,62 @@ func BenchmarkDictionarySet(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkDictionaryComesBack measures how soon a deleted dictionary key
+// is back: each iteration deletes it (through the raw client) and has a
+// reader without a loader fail on a value written with it; then the
+// writer Sets a value every 10 ms until Redis holds the dictionary again.
+// It reports the seconds from the first of those Sets until the key is
+// back (s-to-back), the Sets that took (sets-to-back), and the seconds
+// until the reader reads the value (s-to-read: a reader remembers a
+// missing dictionary for a second). Run
+//
+//	go test -run NONE -bench DictionaryComesBack -benchtime 5x .
+func BenchmarkDictionaryComesBack(b *testing.B) {
+	s := redistest.Start(b)
+	rdb := s.Universal(b)
+	ctx := context.Background()
+	d := profileDictionary(b, 63)
+	dk := codec.DictionaryKey(dictID(b, d))
+	w := mustNew[json.RawMessage](b, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := mustJSON(b, profiles(1, 64)[0])
+	if err := w.Set(ctx, "p:1", v); err != nil {
+		b.Fatal(err)
+	}
+	var toBack, toRead time.Duration
+	sets := 0
+	for b.Loop() {
+		rdb.Del(ctx, dk)
+		r, err := packcache.New[json.RawMessage](rdb, packcache.WithRedisTimeout(time.Minute))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := r.Get(ctx, "p:1"); !errors.Is(err, codec.ErrUnknownDictionary) {
+			b.Fatalf("Get with the dictionary deleted: %v", err)
+		}
+		start := time.Now()
+		for {
+			if err := w.Set(ctx, "p:2", v); err != nil {
+				b.Fatal(err)
+			}
+			sets++
+			if rdb.Exists(ctx, dk).Val() == 1 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // a writer's pace, in a measurement
+		}
+		toBack += time.Since(start)
+		for {
+			if _, err := r.Get(ctx, "p:1"); err == nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		toRead += time.Since(start)
+		r.Close()
+	}
+	b.ReportMetric(toBack.Seconds()/float64(b.N), "s-to-back")
+	b.ReportMetric(float64(sets)/float64(b.N), "sets-to-back")
+	b.ReportMetric(toRead.Seconds()/float64(b.N), "s-to-read")
 }
