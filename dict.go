@@ -10,9 +10,39 @@ import (
 )
 
 // Zstandard dictionaries (Policy.Dictionary, FORMAT.md section 3.6) are
-// internal/dictset's: c.dicts holds them, decode calls its Decode, and
-// encode asks a policy's dictset.Writer whether it is Published. What is
-// left here is how the set reaches Redis: through roundTrip, as every call.
+// internal/dictset's: c.dicts holds them, decode calls its Decode, encode
+// asks a policy's dictset.Writer whether it is Published, and a Set tells
+// it when it found the dictionary Lost (remote.set). What is left here is
+// how the set reaches Redis: through roundTrip, as every call, and which
+// writes check that Redis holds the dictionary (dictCheck).
+
+// dictCheck returns the dictionary key that a write of stored under key,
+// under p, is to check in its own round trip, or "" for none. A value
+// written with p's dictionary checks it, so that a writer learns within
+// one write that Redis lost the dictionary (an eviction, a DEL, a
+// restart) and publishes it again. The check is EXISTS, which costs Redis
+// next to nothing and does not count as a use of the key for
+// allkeys-lru; it rides in the write's pipeline only where the dictionary's
+// key is on the node of the write: on a single node, or on a Cluster
+// when both keys' slots are the same master's. Elsewhere (a Ring, a
+// Cluster's other node, a client of another kind) it would be a call to
+// another node on every write, and such writes rely on the publication
+// once a minute (dictset.Writer.Published).
+func (r *remote) dictCheck(ctx context.Context, key string, p *policy, stored []byte) string {
+	if p.dict == nil || len(stored) == 0 || stored[0] != codec.HeaderZstdDict {
+		return "" // the policy writes with a dictionary only values with its header
+	}
+	dk := p.dict.Key()
+	switch r.rdb.(type) {
+	case *redis.Client:
+		return dk
+	case *redis.ClusterClient:
+		if r.nodes.ForKey(ctx, dk) == r.nodes.ForKey(ctx, key) {
+			return dk
+		}
+	}
+	return ""
+}
 
 // dictRedis is the dictionary set's way to Redis for the reads and writes
 // of keys under p (dictset.Redis).

@@ -117,11 +117,17 @@ func profileDictionary(t testing.TB, seed uint64) []byte {
 
 func dictID(t testing.TB, d []byte) uint32 {
 	t.Helper()
+	return parsed(t, d).ID()
+}
+
+// parsed is d parsed: its Bytes are what a writer publishes.
+func parsed(t testing.TB, d []byte) *codec.Dictionary {
+	t.Helper()
 	pd, err := codec.ParseDictionary(d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pd.ID()
+	return pd
 }
 
 // setProfiles stores vs under prefix0 ... prefixN-1.
@@ -420,6 +426,181 @@ func TestDictionaryMissing(t *testing.T) {
 	})
 }
 
+// TestDictionaryComesBack: with the dictionary's key deleted (through the
+// raw client, as eviction would) while values written with it remain,
+// the writer's next Set publishes it again before it returns, with no
+// expiry, and a reader without a loader, which failed on those values
+// meanwhile, then reads them. Sets while Redis holds the dictionary
+// publish nothing.
+func TestDictionaryComesBack(t *testing.T) {
+	t.Parallel()
+	s, rdb := single(t)
+	redistest.RequireReal(t, s, "counts commands with INFO commandstats")
+	ctx := ctxT(t)
+	d := profileDictionary(t, 55)
+	dk := codec.DictionaryKey(dictID(t, d))
+	published := parsed(t, d).Bytes()
+	var reported atomic.Int64
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}),
+		packcache.WithErrorHandler(func(context.Context, string, error) { reported.Add(1) }))
+	vs := profiles(20, 56)
+	setProfiles(t, w, "p:", vs)
+	s.ResetStats(t)
+	setProfiles(t, w, "p:", vs)
+	if n := s.CommandCount(t, "evalsha") + s.CommandCount(t, "eval"); n != 0 {
+		t.Fatalf("20 Sets while Redis holds the dictionary ran %d scripts, want no publication", n)
+	}
+
+	for round := range 3 {
+		r := mustNew[json.RawMessage](t, rdb) // no loader, no dictionary: a reader that fetched it keeps it
+		if err := rdb.Del(ctx, dk).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Get(ctx, "p:"+strconv.Itoa(round)); !errors.Is(err, codec.ErrUnknownDictionary) {
+			t.Fatalf("round %d: Get with the dictionary deleted: %v, want an unknown dictionary", round, err)
+		}
+		if err := w.Set(ctx, "p:next", mustJSON(t, vs[round])); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := rdb.Get(ctx, dk).Bytes(); err != nil || !bytes.Equal(got, published) {
+			t.Fatalf("round %d: after the writer's next Set, %s holds %d bytes (%v), want the dictionary", round, dk, len(got), err)
+		}
+		if ttl := rdb.PTTL(ctx, dk).Val(); ttl != -1 {
+			t.Fatalf("round %d: %s published again with a TTL of %v, want none", round, dk, ttl)
+		}
+		// A missing dictionary is remembered for a second: wait for the
+		// reader to fetch it again.
+		waitFor(t, 10*time.Second, "the reader without a loader, reading the values", func() bool {
+			_, err := r.Get(ctx, "p:"+strconv.Itoa(round))
+			return err == nil
+		})
+		checkProfiles(t, r, "p:", vs)
+	}
+	if n := reported.Load(); n != 0 {
+		t.Errorf("%d errors reported, want none", n)
+	}
+}
+
+// TestDictionaryEvicted: under maxmemory with allkeys-lru, Redis evicts
+// the dictionary's key itself (no one reads it after it is fetched); a
+// value written with it remains, which a reader without a loader cannot
+// read; the writer's next Set puts the dictionary back, and the reader
+// then reads the value.
+func TestDictionaryEvicted(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+	redistest.RequireReal(t, s, "evicts under maxmemory")
+	rdb := s.Client(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 57)
+	dk := codec.DictionaryKey(dictID(t, d))
+	published := parsed(t, d).Bytes()
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := mustJSON(t, profiles(1, 58)[0])
+	if err := w.Set(ctx, "p:1", v); err != nil {
+		t.Fatal(err)
+	}
+	stored := rawGet(t, rdb, "p:1")
+	if stored[0] != codec.HeaderZstdDict || rdb.Exists(ctx, dk).Val() != 1 {
+		t.Fatal("p:1 not stored with the published dictionary")
+	}
+
+	// Room for about 30 more 16 KiB values: writing more makes Redis
+	// evict, the least recently used first.
+	used := infoField(t, rdb, "memory", "used_memory")
+	if err := rdb.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used+512<<10, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	filler := bytes.Repeat([]byte("x"), 16<<10)
+	evicted := false
+	for i := 0; i < 100000 && !evicted; i++ {
+		if err := rdb.Set(ctx, "fill:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		evicted = rdb.Exists(ctx, dk).Val() == 0 // EXISTS is no use of the key for the LRU
+	}
+	if !evicted {
+		t.Fatalf("100,000 values of 16 KiB did not evict %s", dk)
+	}
+	if n := infoField(t, rdb, "stats", "evicted_keys"); n == 0 {
+		t.Fatalf("%s is gone, but Redis evicted nothing", dk)
+	}
+	// Redis has evicted the dictionary. From here it is to evict no more,
+	// so that what follows does not depend on which key it picks next:
+	// the value is put back if it went too, as values written with the
+	// dictionary remain in general.
+	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.SetNX(ctx, "p:1", stored, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	r := mustNew[json.RawMessage](t, rdb) // no loader, no dictionary
+	if _, err := r.Get(ctx, "p:1"); !errors.Is(err, codec.ErrUnknownDictionary) {
+		t.Fatalf("Get with the dictionary evicted: %v, want an unknown dictionary", err)
+	}
+	if err := w.Set(ctx, "p:2", v); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rdb.Get(ctx, dk).Bytes(); err != nil || !bytes.Equal(got, published) {
+		t.Fatalf("after the writer's next Set, %s holds %d bytes (%v), want the dictionary", dk, len(got), err)
+	}
+	waitFor(t, 10*time.Second, "the reader without a loader, reading p:1", func() bool {
+		got, err := r.Get(ctx, "p:1")
+		return err == nil && bytes.Equal(got, v)
+	})
+}
+
+// TestDictionaryComesBackCluster: on a Cluster, a Set whose key is on the
+// dictionary key's master checks it in its own round trip and puts it
+// back; a Set on another master sends that master nothing (it relies on
+// the publication once a minute).
+func TestDictionaryComesBackCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 59)
+	dk := codec.DictionaryKey(dictID(t, d))
+	published := parsed(t, d).Bytes()
+	dn := cl.NodeForKey(t, dk)
+	same := "p:{" + dk + "}" // the dictionary key's slot
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := "p:" + strconv.Itoa(i); cl.NodeForKey(t, k) != dn {
+			other = k
+		}
+	}
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := mustJSON(t, profiles(1, 60)[0])
+	if err := w.Set(ctx, same, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, dk).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dn.ResetStats(t)
+	if err := w.Set(ctx, other, v); err != nil {
+		t.Fatal(err)
+	}
+	if n := dn.CommandCount(t, "exists"); n != 0 {
+		t.Errorf("a Set on another master sent the dictionary's %d EXISTS", n)
+	}
+	if err := w.Set(ctx, same, v); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rdb.Get(ctx, dk).Bytes(); err != nil || !bytes.Equal(got, published) {
+		t.Fatalf("after a Set on its master, %s holds %d bytes (%v), want the dictionary", dk, len(got), err)
+	}
+	r := mustNew[json.RawMessage](t, rdb)
+	for _, k := range []string{same, other} {
+		if got, err := r.Get(ctx, k); err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("a reader without the dictionary, Get %s: %v", k, err)
+		}
+	}
+}
+
 // TestDictionaryPolicy: New refuses a bad dictionary and a codec that is
 // not zstd's beside it; the threshold defaults to DictionaryCompressAbove
 // and an explicit one wins; MinSaving keeps plain what does not gain; the
@@ -536,4 +717,88 @@ func ExamplePolicy_dictionary() {
 	// Output:
 	// stored with zstd-dict, in fewer bytes than plain: true
 	// {"id":1000,"user":"user042","plan":"pro","locale":"en-US","verified":true} <nil>
+}
+
+// BenchmarkDictionarySet is a Set of a 150-400 byte profile under a
+// prefix with a dictionary: what a write with a dictionary costs, its
+// check that Redis still holds the dictionary included. Run
+//
+//	go test -run NONE -bench DictionarySet -benchmem -count 10 .
+func BenchmarkDictionarySet(b *testing.B) {
+	s := redistest.Start(b)
+	rdb := s.Universal(b)
+	ctx := context.Background()
+	c := mustNew[json.RawMessage](b, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: profileDictionary(b, 61)}))
+	v := mustJSON(b, profiles(1, 62)[0])
+	if err := c.Set(ctx, "p:1", v); err != nil {
+		b.Fatal(err)
+	}
+	if raw, err := rdb.Get(ctx, "p:1").Bytes(); err != nil || raw[0] != codec.HeaderZstdDict {
+		b.Fatalf("stored %v, %v; not with the dictionary", raw, err)
+	}
+	b.SetBytes(int64(len(v)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Set(ctx, "p:1", v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDictionaryComesBack measures how soon a deleted dictionary key
+// is back: each iteration deletes it (through the raw client) and has a
+// reader without a loader fail on a value written with it; then the
+// writer Sets a value every 10 ms until Redis holds the dictionary again.
+// It reports the seconds from the first of those Sets until the key is
+// back (s-to-back), the Sets that took (sets-to-back), and the seconds
+// until the reader reads the value (s-to-read: a reader remembers a
+// missing dictionary for a second). Run
+//
+//	go test -run NONE -bench DictionaryComesBack -benchtime 5x .
+func BenchmarkDictionaryComesBack(b *testing.B) {
+	s := redistest.Start(b)
+	rdb := s.Universal(b)
+	ctx := context.Background()
+	d := profileDictionary(b, 63)
+	dk := codec.DictionaryKey(dictID(b, d))
+	w := mustNew[json.RawMessage](b, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}))
+	v := mustJSON(b, profiles(1, 64)[0])
+	if err := w.Set(ctx, "p:1", v); err != nil {
+		b.Fatal(err)
+	}
+	var toBack, toRead time.Duration
+	sets := 0
+	for b.Loop() {
+		rdb.Del(ctx, dk)
+		r, err := packcache.New[json.RawMessage](rdb, packcache.WithRedisTimeout(time.Minute))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := r.Get(ctx, "p:1"); !errors.Is(err, codec.ErrUnknownDictionary) {
+			b.Fatalf("Get with the dictionary deleted: %v", err)
+		}
+		start := time.Now()
+		for {
+			if err := w.Set(ctx, "p:2", v); err != nil {
+				b.Fatal(err)
+			}
+			sets++
+			if rdb.Exists(ctx, dk).Val() == 1 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // a writer's pace, in a measurement
+		}
+		toBack += time.Since(start)
+		for {
+			if _, err := r.Get(ctx, "p:1"); err == nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		toRead += time.Since(start)
+		r.Close()
+	}
+	b.ReportMetric(toBack.Seconds()/float64(b.N), "s-to-back")
+	b.ReportMetric(float64(sets)/float64(b.N), "sets-to-back")
+	b.ReportMetric(toRead.Seconds()/float64(b.N), "s-to-read")
 }

@@ -116,9 +116,12 @@ type Policy struct {
 	// dictionary it was not given fetches it from there, once, and uses it
 	// only if its id is the one the value names. A dictionary Redis does
 	// not hold is an error matching codec.ErrUnknownDictionary, and the
-	// value is kept (see Get). A writer publishes its dictionary again
-	// once a minute while it writes with it, so that a dictionary evicted
-	// (allkeys-lru) or deleted comes back. If the first publication fails,
+	// value is kept (see Get). A dictionary evicted (allkeys-lru), deleted
+	// or lost in a restart comes back: a Set written with it learns in its
+	// own round trip that Redis lacks it and publishes it again before it
+	// returns (where both keys are on one node: docs/dictionaries.md), and
+	// a writer publishes it again once a minute while it writes with it in
+	// any case. If the first publication fails,
 	// the value is stored without the dictionary (zstd at the same level,
 	// or plain), the error goes to the error handler, and a write a second
 	// later tries again: no value is stored with a dictionary Redis may not

@@ -342,14 +342,36 @@ func redisTTL(ttl time.Duration) time.Duration {
 // set writes stored under key unconditionally: a write of the caller's,
 // which overwrites any value and any lease, so that no load begun before
 // it can store its value afterwards (see the guarded stores in lease.go).
+//
+// A value written with the policy's dictionary also asks, in the same
+// round trip, whether Redis still holds the dictionary (dictCheck); if it
+// does not, the write publishes it again before it returns (see
+// dictset.Writer.Lost), and a failure to is reported, not returned: the
+// value is stored.
 func (r *remote) set(ctx context.Context, key string, p *policy, stored []byte, ttl time.Duration) error {
+	var lost bool
 	err := r.roundTrip(ctx, "set", key, p, true, func(ctx context.Context) error {
-		return r.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
+		dk := r.dictCheck(ctx, key, p, stored)
+		if dk == "" {
+			return r.rdb.Set(ctx, key, stored, redisTTL(ttl)).Err()
+		}
+		pipe := r.rdb.Pipeline()
+		set := pipe.Set(ctx, key, stored, redisTTL(ttl))
+		held := pipe.Exists(ctx, dk)
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		lost = held.Err() == nil && held.Val() == 0
+		return set.Err()
 	})
-	if err == nil {
-		atomic.AddUint64(&p.stats.Sets, 1)
+	if err != nil {
+		return err
 	}
-	return err
+	atomic.AddUint64(&p.stats.Sets, 1)
+	if lost {
+		if err := p.dict.Lost(ctx, &p.dictRedis); err != nil {
+			r.tel.report(ctx, key, keyErr("set", key, err))
+		}
+	}
+	return nil
 }
 
 // A change says how keys changed in Redis, which decides what of this

@@ -16,10 +16,21 @@ import (
 // Redis. Set.Writer returns one; it is safe for concurrent use.
 type Writer struct {
 	d         *codec.Dictionary
+	key       string       // codec.DictionaryKey of d's id
 	mu        sync.Mutex   // one publication at a time
-	published atomic.Int64 // unix nanoseconds of the last publication that succeeded; 0: none
+	published atomic.Int64 // unix nanoseconds of the last publication that succeeded; 0: none; lost: due again
 	failed    atomic.Int64 // unix nanoseconds of the last that Redis failed
 }
+
+// lost is published's value once a write found Redis without the
+// dictionary: a publication long past, so that the next write publishes
+// it again.
+const lost = 1
+
+// Key is the key under which w's dictionary is published,
+// codec.DictionaryKey of its id: the key a write with it may check
+// (see Lost).
+func (w *Writer) Key() string { return w.key }
 
 // publishScript stores the dictionary ARGV[1] under KEYS[1] without
 // expiry unless the key already holds exactly it (a SET NX that also puts
@@ -35,8 +46,8 @@ return 1`)
 
 // Published reports whether a write may use w's dictionary: whether Redis
 // holds it, as far as this process knows. The first write publishes it
-// through r (the writes that come meanwhile wait for it), and a write once
-// a minute publishes it again (the others go on). A publication that
+// through r (the writes that come meanwhile wait for it), and a write
+// publishes it again once a minute, and after Lost (the others go on). A publication that
 // failed is returned as err, for the caller to report; if the dictionary
 // was never published, Published reports false, the value is to be stored
 // without the dictionary, and so are the writes of the next second when
@@ -62,7 +73,7 @@ func (w *Writer) Published(ctx context.Context, r Redis) (ok bool, err error) {
 		// waited.
 		return w.published.Load() != 0, nil
 	}
-	dk := codec.DictionaryKey(w.d.ID())
+	dk := w.key
 	err = r.RunScript(ctx, publishScript, dk, w.d.Bytes())
 	if err == nil {
 		w.published.Store(time.Now().UnixNano())
@@ -76,4 +87,27 @@ func (w *Writer) Published(ctx context.Context, r Redis) (ok bool, err error) {
 		what = "again"
 	}
 	return last != 0, fmt.Errorf("publishing zstd dictionary %s, %s: %w", dk, what, err)
+}
+
+// Lost tells w that a write found Redis without its dictionary (evicted,
+// deleted, or lost in a restart) while values written with it remain:
+// it publishes it again through r at once, unless another write is
+// publishing it or Redis failed a publication within the second; then
+// the next write through Published does. Writes go on using the
+// dictionary meanwhile: readers that hold it read their values, and
+// readers that lack it find it once it is back. An error is the
+// publication's, for the caller to report. Before the first publication
+// Lost does nothing: no value was written with the dictionary.
+func (w *Writer) Lost(ctx context.Context, r Redis) error {
+	for {
+		last := w.published.Load()
+		if last == 0 {
+			return nil
+		}
+		if last == lost || w.published.CompareAndSwap(last, lost) {
+			break
+		}
+	}
+	_, err := w.Published(ctx, r)
+	return err
 }

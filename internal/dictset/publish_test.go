@@ -200,3 +200,65 @@ func TestRepublished(t *testing.T) {
 		t.Fatalf("within the second after: %v, %v; want true, nothing to report", ok, err)
 	}
 }
+
+// TestLost: a write that found Redis without the dictionary has it
+// published again at once, with no expiry; before the first publication
+// Lost publishes nothing; a publication again that Redis failed is
+// waited out for a second, the writes using the dictionary meanwhile,
+// and then the next write publishes it.
+func TestLost(t *testing.T) {
+	t.Parallel()
+	_, r := newClient(t)
+	ctx := context.Background()
+	d := trained(t, 47)
+	key := codec.DictionaryKey(d.ID())
+	w := writer(t, d)
+	if w.Key() != key {
+		t.Fatalf("Key() = %q, want %q", w.Key(), key)
+	}
+	if err := w.Lost(ctx, r); err != nil || r.scripts.Load() != 0 || r.rdb.Exists(ctx, key).Val() != 0 {
+		t.Fatalf("Lost before the first publication: %v, %d publications; want nothing done", err, r.scripts.Load())
+	}
+	if ok, err := w.Published(ctx, r); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	for i := range 3 {
+		r.rdb.Del(ctx, key)
+		if err := w.Lost(ctx, r); err != nil {
+			t.Fatalf("Lost %d: %v", i, err)
+		}
+		if got, _ := r.rdb.Get(ctx, key).Bytes(); !bytes.Equal(got, d.Bytes()) || r.rdb.PTTL(ctx, key).Val() != -1 {
+			t.Fatalf("after Lost %d: %s holds %d bytes (TTL %v), want the dictionary with no expiry", i, key, len(got), r.rdb.PTTL(ctx, key).Val())
+		}
+		if n := r.scripts.Load(); n != int64(2+i) {
+			t.Fatalf("after Lost %d: %d publications, want %d", i, n, 2+i)
+		}
+	}
+	if ok, err := w.Published(ctx, r); !ok || err != nil || r.scripts.Load() != 4 {
+		t.Fatalf("a write after Lost put it back: %v, %v, %d publications; want true and none more", ok, err, r.scripts.Load())
+	}
+
+	r.rdb.Del(ctx, key)
+	f := &stub{err: errors.New("READONLY You can't write against a read only replica.")}
+	if err := w.Lost(ctx, f); err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "again") {
+		t.Fatalf("Lost while Redis fails: %v; want the failure, naming %s", err, key)
+	}
+	for range 5 {
+		if err := w.Lost(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := w.Published(ctx, r); !ok || err != nil {
+			t.Fatalf("within the second after the failure: %v, %v; want true, nothing to report", ok, err)
+		}
+	}
+	if n := r.scripts.Load(); n != 4 {
+		t.Errorf("within the second after the failure: %d publications, want none more", n-4)
+	}
+	w.failed.Add(-int64(retryAfter)) // the second has passed
+	if ok, err := w.Published(ctx, r); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if n := r.rdb.Exists(ctx, key).Val(); n != 1 || r.scripts.Load() != 5 {
+		t.Fatalf("the next write after the second: %s exists %d, %d publications; want it back, 5", key, n, r.scripts.Load())
+	}
+}

@@ -22,7 +22,8 @@
 //     policies' own are never evicted.
 //   - A Writer's dictionary is published (stored under
 //     codec.DictionaryKey with no expiry) before Published first reports
-//     true, and again once a minute while values are written with it.
+//     true, again once a minute while values are written with it, and
+//     again at once when a write tells it Redis lost it (Writer.Lost).
 //
 // A Set reaches Redis only through the Redis interface its caller
 // implements, so that every call is made as the caller's other calls are:
@@ -56,7 +57,8 @@ const (
 	// republishEvery is how often a writer publishes its dictionary
 	// again, so that a dictionary key evicted (allkeys-lru, as it is read
 	// only when a process starts) or deleted comes back while values are
-	// written with it.
+	// written with it, also by writes that do not check for it (see
+	// Writer.Lost).
 	republishEvery = time.Minute
 )
 
@@ -100,7 +102,7 @@ func (s *Set) Writer(b []byte, zc codec.Codec) (*Writer, codec.Codec, error) {
 	}
 	e := s.lookup(d.ID())
 	if e == nil || e.own == nil {
-		e = &entry{id: d.ID(), d: d, own: &Writer{d: d}}
+		e = &entry{id: d.ID(), d: d, own: &Writer{d: d, key: codec.DictionaryKey(d.ID())}}
 		s.mu.Lock()
 		s.add(e)
 		s.mu.Unlock()
