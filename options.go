@@ -317,10 +317,14 @@ func WithLoadTimeout(d time.Duration) Option {
 // holds (its PoolSize), and the calls beyond wait for their turn under
 // their own contexts. A call that ran out of its budget counts as a
 // failure of the node (for Stats.RedisErrors and the circuit breaker)
-// only if the node is what it waited on: if nothing came back from the
-// node since the call began while a command written to it waited at
-// least half the budget. Otherwise this process was too busy to make the
-// call in time (a CPU, a connection, a dial): the call is late, its error
+// only if the node is what it waited on: if, within the call's time, a
+// command written to the node went unanswered for at least half the
+// budget, on the call's own connection or another of the node's, whatever
+// the node answered on its other connections (so a write held by CLIENT
+// PAUSE WRITE fails in one budget while reads are answered). Otherwise
+// this process was too busy to make the call in time (a CPU, a
+// connection, a dial; or its reply came and waited unread): the call is
+// late, its error
 // says so, and a read, or the plain SET of a Set and DEL of a Delete, is
 // made again with a budget of its own, while the caller's context lasts
 // and for at most the load timeout. A refused connection is a failure at

@@ -48,6 +48,12 @@ type Node struct {
 	lastRead   atomic.Int64
 	unanswered atomic.Int64
 	refusal    atomic.Pointer[dialFailure] // the latest dial to the node that failed
+	// What each connection saw of its own commands: the latest command a
+	// connection was closed on, unanswered, from when it was sent to the
+	// close (see watchedSysConn.Close); and the node's open connections
+	// whose sockets the cache can look into (see waits).
+	silence atomic.Pointer[span]
+	conns   sync.Map // *watchedSysConn -> struct{}
 
 	watched atomic.Int64                 // the node's connections that report (conn.go)
 	pool    atomic.Pointer[redis.Client] // the node's client, for its pool's size; nil: unknown
@@ -270,23 +276,73 @@ func (b *Node) asked(now int64) {
 	}
 }
 
+// A span is a time from one instant to another, in unix nanoseconds.
+type span struct{ from, to int64 }
+
+// silent notes that a connection of the node was closed at to with no
+// reply to the command it had sent at from (nor any byte of one waiting
+// on its socket).
+func (b *Node) silent(from, to int64) {
+	if s := b.silence.Load(); s == nil || s.to < to {
+		b.silence.Store(&span{from, to})
+	}
+}
+
 // unresponsive reports whether the node, rather than this process, is what
-// a call under bud waited on: nothing came back from it since the call
-// began, and a command has waited on it for at least half the budget.
+// a call under bud, ending now, waited on. It is the rule Judge states;
+// the node is what the call waited on if either holds:
 //
-// Only watched connections tell: if the node's pool holds connections
-// made before the cache was (unwatched), the call may have used one, and
-// an expiry with no reply from the node since the call began is taken as
-// the node's, as if nothing were watched.
+//   - a command written to the node went unanswered for at least half the
+//     budget within the call's time (from its start to now), on any of
+//     the node's connections, the call's own or another's: one closed
+//     with no reply (go-redis closes the connection of a command that ran
+//     out of its budget), or one still open that waits, as one does that
+//     a pool's callers wait for; unanswered meaning that nothing came back
+//     on that connection since the command was written and nothing waits
+//     unread on its socket (so a reply that came, but whose reader was
+//     late for a CPU, is an answer);
+//   - nothing came back from the node, on any connection, since the call
+//     began, and a command has waited on it for at least half the budget.
+//
+// The first holds when the node answers other connections but not this
+// command (writes paused, a command stuck behind a hung one); the second
+// covers connections the cache cannot look into (on platforms where it
+// cannot, and connections not watched). Only watched connections tell: if
+// the node's pool holds connections made before the cache was
+// (unwatched), the call may have used one, and an expiry with no reply
+// from the node since the call began is taken as the node's, as if
+// nothing were watched.
 func (b *Node) unresponsive(bud *Budget) bool {
-	if b.lastRead.Load() >= bud.start.UnixNano() {
+	start, now := bud.start.UnixNano(), time.Now().UnixNano()
+	half := int64(bud.deadline.Sub(bud.start)) / 2
+	if s := b.silence.Load(); s != nil && min(s.to, now)-max(s.from, start) >= half {
+		return true
+	}
+	if start <= now-half && b.waits(now-half) {
+		return true
+	}
+	if b.lastRead.Load() >= start {
 		return false
 	}
 	if w := b.unanswered.Load(); w != 0 {
-		return w <= bud.deadline.UnixNano()-int64(bud.deadline.Sub(bud.start))/2
+		return w <= bud.deadline.UnixNano()-half
 	}
 	cl := b.pool.Load()
 	return cl == nil || pooled(cl.PoolStats()) > b.watched.Load()
+}
+
+// waits reports whether an open connection of the node has waited since
+// before since for the reply to a command, and none has come nor waits
+// unread.
+func (b *Node) waits(since int64) bool {
+	found := false
+	b.conns.Range(func(k, _ any) bool {
+		if sent := k.(*watchedSysConn).unanswered(); sent != 0 && sent <= since {
+			found = true
+		}
+		return !found
+	})
+	return found
 }
 
 // pooled counts the connections a client holds: its pool's, its separate

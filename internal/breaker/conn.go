@@ -158,21 +158,30 @@ func (dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 
 // A watchedConn is a connection to a node that tells the node (its breaker
 // in each cache over the client) when it reads a reply and when it writes
-// a command.
+// a command, and keeps, for itself, since when a command written on it
+// has had no reply (sent): what a node that answers other connections
+// but not this one's command is judged by (see Node.unresponsive).
 type watchedConn struct {
 	net.Conn
 	nodes  []*Node
+	sent   atomic.Int64 // unix nanoseconds the first command written since the last reply was; 0: none waits
 	closed atomic.Bool
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if n > 0 && c.sent.Load() != 0 {
+		c.sent.Store(0)
+	}
 	c.tell(n, (*Node).answered)
 	return n, err
 }
 
 func (c *watchedConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
+	if n > 0 && c.sent.Load() == 0 {
+		c.sent.CompareAndSwap(0, time.Now().UnixNano())
+	}
 	c.tell(n, (*Node).asked)
 	return n, err
 }
@@ -199,27 +208,53 @@ func (c *watchedConn) Close() error {
 
 // A watchedSysConn is a watchedConn whose connection gives access to its
 // file descriptor, which go-redis uses to check an idle connection's
-// health before reuse: the wrapper must not hide it.
+// health before reuse: the wrapper must not hide it. The cache uses it
+// too, to look at the socket without reading it (waiting): whether the
+// reply to a command that has had none is there, unread. Its nodes list
+// it while it is open (Node.conns), so that a call can be judged by what
+// the node's other connections wait on.
 type watchedSysConn struct {
 	*watchedConn
 	sys syscall.Conn
 }
 
-func (c watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
+func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 // Close tells the node, before it closes the connection, whether a reply
 // was waiting unread on it. go-redis closes a connection whose call ran
-// out of its budget; if the reply had come meanwhile, and only the
+// out of its budget. If the reply had come meanwhile, and only the
 // goroutine meant to read it was late (waiting for a CPU), the node did
-// answer, and the call is judged late, not failed.
-func (c watchedSysConn) Close() error {
-	if !c.closed.Load() && waiting(c.sys) {
+// answer, and the call is judged late, not failed. If nothing had come
+// for the command it waits on, the node did not answer it from when it
+// was sent to now: the node keeps that silence (Node.silent).
+func (c *watchedSysConn) Close() error {
+	if !c.closed.Load() {
 		now := time.Now().UnixNano()
+		if waiting(c.sys) {
+			for _, b := range c.nodes {
+				b.answered(now)
+			}
+		} else if sent := c.sent.Load(); sent != 0 && peeks {
+			for _, b := range c.nodes {
+				b.silent(sent, now)
+			}
+		}
 		for _, b := range c.nodes {
-			b.answered(now)
+			b.conns.Delete(c)
 		}
 	}
 	return c.watchedConn.Close()
+}
+
+// unanswered reports since when the command the connection waits on has
+// had no reply, with nothing waiting unread on the socket: 0 if none
+// waits, or its reply is there.
+func (c *watchedSysConn) unanswered() int64 {
+	sent := c.sent.Load()
+	if sent == 0 || !peeks || waiting(c.sys) || c.sent.Load() != sent {
+		return 0
+	}
+	return sent
 }
 
 func watch(conn net.Conn, nodes []*Node) net.Conn {
@@ -228,7 +263,13 @@ func watch(conn net.Conn, nodes []*Node) net.Conn {
 	}
 	w := &watchedConn{Conn: conn, nodes: nodes}
 	if sc, ok := conn.(syscall.Conn); ok {
-		return watchedSysConn{w, sc}
+		ws := &watchedSysConn{w, sc}
+		if peeks {
+			for _, b := range nodes {
+				b.conns.Store(ws, struct{}{})
+			}
+		}
+		return ws
 	}
 	return w
 }

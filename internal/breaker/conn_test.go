@@ -3,6 +3,8 @@ package breaker
 import (
 	"context"
 	"errors"
+	"net"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -168,5 +170,102 @@ func TestUnwatchedConnectionBeside(t *testing.T) {
 	defer bud.End()
 	if !n.One().unresponsive(bud) {
 		t.Fatal("an expiry with an unwatched connection in the pool, nothing come back since the call began, was not the node's")
+	}
+}
+
+// judged is what Judge makes of an expiry of a call that began a budget
+// ago on n's node.
+func judged(n *Nodes) Outcome {
+	now := time.Now()
+	bud := &Budget{Context: context.Background(), start: now.Add(-time.Second), full: time.Second, deadline: now}
+	o, _ := Judge(context.Background(), bud, n.One(), context.DeadlineExceeded)
+	return o
+}
+
+// rawWatched dials s and watches the connection for n's node, as the
+// dial hook does.
+func rawWatched(t *testing.T, s *redistest.Server, n *Nodes) *watchedSysConn {
+	t.Helper()
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, ok := watch(conn, []*Node{n.One()}).(*watchedSysConn)
+	if !ok {
+		t.Fatal("a TCP connection is not watched as a socket")
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+// An expiry is the node's when a command written to it has had no reply
+// for half the budget, on any connection of the node's, whatever the
+// node's other connections read meanwhile; not when the reply is there,
+// unread (its reader was late), nor when the command was written less
+// than half the budget ago (this process was late to write it). The
+// silent connection is open (a pool's callers wait for it) or closed on
+// its command (go-redis closes the connection of a call that ran out of
+// its budget). A blocking BLPOP stands for the command a paused or hung
+// server does not answer; a PING for one it answers.
+func TestUnansweredConnectionFailsNode(t *testing.T) {
+	if !peeks {
+		t.Skip("the sockets cannot be looked into on this platform")
+	}
+	s := redistest.Start(t)
+	redistest.RequireReal(t, s, "needs real connections")
+	rdb := s.Client(t)
+	n := New(rdb, Config{Failures: 1, Cooldown: time.Hour}, nil, time.Second)
+	n.Watch(rdb)
+	defer n.Close()
+	ctx := context.Background()
+	ask := func(w *watchedSysConn, cmd string) {
+		t.Helper()
+		if _, err := w.Write([]byte(cmd)); err != nil {
+			t.Fatal(err)
+		}
+		w.sent.Store(time.Now().Add(-time.Second).UnixNano()) // written a budget ago
+	}
+	answered := func() {
+		t.Helper()
+		if err := rdb.Get(ctx, "k").Err(); err != redis.Nil { // the node answers another connection
+			t.Fatal(err)
+		}
+	}
+
+	// A reply there, unread: this process was late.
+	pong := rawWatched(t, s, n)
+	ask(pong, "PING\r\n")
+	deadline := time.Now().Add(time.Minute)
+	for !waiting(pong.sys) {
+		if time.Now().After(deadline) {
+			t.Fatal("no PONG within a minute")
+		}
+		runtime.Gosched()
+	}
+	answered()
+	if o := judged(n); o != Late {
+		t.Fatalf("a reply waiting unread: %v, want Late", o)
+	}
+
+	// A command with no reply on an open connection: the node's.
+	blocked := rawWatched(t, s, n)
+	ask(blocked, "BLPOP budget:none 0\r\n")
+	answered()
+	if o := judged(n); o != Failed {
+		t.Fatalf("an open connection without a reply for a budget: %v, want Failed", o)
+	}
+	// Written just now: it has not waited half the budget.
+	blocked.sent.Store(time.Now().UnixNano())
+	if o := judged(n); o != Late {
+		t.Fatalf("a command written just now: %v, want Late", o)
+	}
+
+	// Closed on a command with no reply: the node's, though other
+	// connections answer after the close.
+	blocked.sent.Store(time.Now().Add(-time.Second).UnixNano())
+	blocked.Close()
+	answered()
+	if o := judged(n); o != Failed {
+		t.Fatalf("a connection closed without a reply after a budget: %v, want Failed", o)
 	}
 }

@@ -16,10 +16,21 @@
 //   - a caller's own context ending is never the node's failure;
 //   - a refused connection opens the node's breaker at once and ends the
 //     node's calls under way, whatever goroutine of go-redis's dialled;
-//   - a call that ran out of its budget is the node's failure only if
-//     nothing came back from the node since the call began while a command
-//     written to it waited at least half the budget; otherwise it is
-//     [Late];
+//   - a call that ran out of its budget is the node's failure if, within
+//     the call's time, a command written to the node went unanswered for
+//     at least half the budget: on the call's own connection or on another
+//     of the node's (one the pool's callers wait for), whatever the node's
+//     other connections answered meanwhile; unanswered meaning that
+//     nothing came back on that connection and nothing waits unread on its
+//     socket. Where the sockets cannot be looked into, or the node has
+//     connections the cache does not watch, it is also the node's failure
+//     if nothing came back from the node since the call began while a
+//     command written to it waited at least half the budget. Otherwise
+//     (the reply was there and only its reader was late, or the command
+//     was written too late to wait that long, or never) it is [Late]: this
+//     process was too busy. So a node that pauses writes, stops, or hangs
+//     fails each call to it in one budget, and a busy process fails none;
+//     [Judge] states the rule, [Node] keeps it (unresponsive);
 //   - after Config.Failures consecutive failures the breaker opens for
 //     Config.Cooldown, then lets one call through to probe: its success
 //     closes the breaker, its failure opens it again.

@@ -30,15 +30,29 @@ const (
 // connections saw (a failed dial, named first; a Late call's reason).
 //
 // A call that ran out of its budget is judged by what the node's
-// connections saw meanwhile (see conn.go), not by the clock alone. If a
-// reply came back from the node after the call began, or no command has
-// been waiting for a reply from it for half the budget, the node was not
-// what the call waited on: this process was (a CPU, a pooled connection,
-// a dial, the calls queued before it). Such a call is Late: its caller
-// gets an error, but the node is not blamed for it. A node that is
-// stopped, hung or cut off answers nothing while a command waits, so its
-// calls are judged Failed, one per budget; one that refuses a connection
-// is judged RefusedConn at the first refusal.
+// connections saw meanwhile (see conn.go), not by the clock alone. It is
+// Failed if, within the call's time, a command written to the node went
+// unanswered for at least half the budget: nothing came back on that
+// command's connection and nothing waits unread on its socket. The
+// connection is the call's own (go-redis closes it when the budget runs
+// out, and the cache looks at its socket first) or another of the node's
+// still open (a call that found no connection waited for those), and
+// replies on the node's other connections do not excuse it: a node that
+// pauses writes answers reads. Where the sockets cannot be looked into
+// (see peeks), or connections made before the cache are in the pool, the
+// call is also Failed if nothing came back from the node at all since it
+// began while a command waited half the budget. Otherwise the node was not
+// what the call waited on: this process was (a CPU, for the goroutine that
+// writes the command or reads its reply, a pooled connection, a dial, the
+// calls queued before it). Such a call is Late: its caller gets an error,
+// but the node is not blamed for it. So a node that is stopped, hung, cut
+// off or pausing writes is judged Failed, one call per budget; one that
+// refuses a connection is judged RefusedConn at the first refusal.
+//
+// Limit: a command of the application's that blocks on the server by
+// design (BLPOP, WAIT, XREAD BLOCK) on the client the cache is given looks,
+// while it waits, like a node that does not answer, and makes a call that
+// ran out of its budget meanwhile Failed rather than Late.
 func Judge(caller context.Context, bud *Budget, node *Node, err error) (Outcome, error) {
 	if err == nil || err == redis.Nil {
 		return Healthy, err
