@@ -8,6 +8,7 @@ package packcache_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -126,8 +127,27 @@ func TestWritePauseFailsWritesInOneBudget(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	redistest.RequireReal(t, s, "CLIENT PAUSE WRITE")
+	writesUnderPause(t, s, s.Client(t))
+}
+
+// TestWritePauseFailsWritesInOneBudgetTLS is TestWritePauseFailsWritesInOneBudget
+// over TLS, whose connections the cache looks beneath: the records of a
+// reply wait on the socket under the TLS layer.
+func TestWritePauseFailsWritesInOneBudgetTLS(t *testing.T) {
+	t.Parallel()
+	s, addr, roots := startTLS(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+		TLSConfig: &tls.Config{RootCAs: roots, ServerName: "localhost", MinVersion: tls.VersionTLS12}})
+	t.Cleanup(func() { rdb.Close() })
+	writesUnderPause(t, s, rdb)
+}
+
+// writesUnderPause pauses s's writes with 8 readers running through rdb,
+// and checks that a Set and two Deletes each fail with ErrPending after
+// one attempt (two with a late retry).
+func writesUnderPause(t *testing.T, s *redistest.Server, rdb *redis.Client) {
+	t.Helper()
 	count := newSentCount("paused")
-	rdb := s.Client(t)
 	rdb.AddHook(count)
 	c := mustNew[string](t, rdb, packcache.WithRedisTimeout(300*time.Millisecond))
 	ctx := ctxT(t)

@@ -549,34 +549,7 @@ func TestBreakerReadThrough(t *testing.T) {
 // certificate made here) and an ACL user, and uses the cache over it.
 func TestTLSWithACLUser(t *testing.T) {
 	t.Parallel()
-	redistest.RequireServer(t, "starts redis-server with TLS")
-	if ok, why := redistest.ServerHasTLS(); !ok {
-		t.Skip("TLS test skipped: " + why)
-	}
-	dir := t.TempDir()
-	caPEM, certFile, keyFile := writeTestPKI(t, dir)
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := redistest.Start(t,
-		"--tls-port", strconv.Itoa(tlsPort),
-		"--tls-cert-file", certFile,
-		"--tls-key-file", keyFile,
-		"--tls-ca-cert-file", caFile,
-		"--tls-auth-clients", "no",
-		"--user", "cacheuser", "on", ">s3cret-pw", "~*", "&*", "+@all",
-	)
-	redistest.RequireReal(t, s, "starts redis-server with TLS")
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	tlsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
+	_, tlsAddr, roots := startTLS(t, "--user", "cacheuser", "on", ">s3cret-pw", "~*", "&*", "+@all")
 	newClient := func(user, pw string, conf *tls.Config) *redis.Client {
 		rc := redis.NewClient(&redis.Options{
 			Addr: tlsAddr, Username: user, Password: pw, TLSConfig: conf,
@@ -618,6 +591,41 @@ func TestTLSWithACLUser(t *testing.T) {
 // writeTestPKI makes a self-signed CA and a server certificate for
 // localhost and 127.0.0.1 signed by it, writes the server's certificate and
 // key to dir, and returns the CA certificate (PEM) and the two file names.
+// startTLS starts a redis-server with TLS (a CA and server certificate
+// made here) beside its plain port, with args, and returns it, its TLS
+// address and the CA's pool; it skips the test where the server has no
+// TLS.
+func startTLS(t *testing.T, args ...string) (*redistest.Server, string, *x509.CertPool) {
+	t.Helper()
+	redistest.RequireServer(t, "starts redis-server with TLS")
+	if ok, why := redistest.ServerHasTLS(); !ok {
+		t.Skip("TLS test skipped: " + why)
+	}
+	dir := t.TempDir()
+	caPEM, certFile, keyFile := writeTestPKI(t, dir)
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsPort := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := redistest.Start(t, append([]string{
+		"--tls-port", strconv.Itoa(tlsPort),
+		"--tls-cert-file", certFile,
+		"--tls-key-file", keyFile,
+		"--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", "no",
+	}, args...)...)
+	redistest.RequireReal(t, s, "starts redis-server with TLS")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	return s, net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort)), roots
+}
+
 func writeTestPKI(t *testing.T, dir string) (caPEM []byte, certFile, keyFile string) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

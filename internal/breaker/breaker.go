@@ -50,10 +50,10 @@ type Node struct {
 	refusal    atomic.Pointer[dialFailure] // the latest dial to the node that failed
 	// What each connection saw of its own commands: the latest command a
 	// connection was closed on, unanswered, from when it was sent to the
-	// close (see watchedSysConn.Close); and the node's open connections
+	// close (see peekedConn.Close); and the node's open connections
 	// whose sockets the cache can look into (see waits).
 	silence atomic.Pointer[span]
-	conns   sync.Map // *watchedSysConn -> struct{}
+	conns   sync.Map // *peekedConn -> struct{}
 
 	watched atomic.Int64                 // the node's connections that report (conn.go)
 	pool    atomic.Pointer[redis.Client] // the node's client, for its pool's size; nil: unknown
@@ -337,7 +337,7 @@ func (b *Node) unresponsive(bud *Budget) bool {
 func (b *Node) waits(since int64) bool {
 	found := false
 	b.conns.Range(func(k, _ any) bool {
-		if sent := k.(*watchedSysConn).unanswered(); sent != 0 && sent <= since {
+		if sent := k.(*peekedConn).unanswered(); sent != 0 && sent <= since {
 			found = true
 		}
 		return !found

@@ -2,6 +2,7 @@ package breaker
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"runtime"
 	"slices"
@@ -206,19 +207,17 @@ func (c *watchedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// A watchedSysConn is a watchedConn whose connection gives access to its
-// file descriptor, which go-redis uses to check an idle connection's
-// health before reuse: the wrapper must not hide it. The cache uses it
-// too, to look at the socket without reading it (waiting): whether the
-// reply to a command that has had none is there, unread. Its nodes list
-// it while it is open (Node.conns), so that a call can be judged by what
-// the node's other connections wait on.
-type watchedSysConn struct {
+// A peekedConn is a watchedConn whose socket the cache can look at
+// without reading it (waiting): whether the reply to a command that has
+// had none is there, unread. That socket is the connection's own, or,
+// for TLS, the one beneath it, where a reply's records wait until the
+// TLS layer reads them. Its nodes list it while it is open (Node.conns),
+// so that a call can be judged by what the node's other connections wait
+// on.
+type peekedConn struct {
 	*watchedConn
-	sys syscall.Conn
+	peek syscall.Conn
 }
-
-func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 // Close tells the node, before it closes the connection, whether a reply
 // was waiting unread on it. go-redis closes a connection whose call ran
@@ -227,10 +226,10 @@ func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.S
 // answer, and the call is judged late, not failed. If nothing had come
 // for the command it waits on, the node did not answer it from when it
 // was sent to now: the node keeps that silence (Node.silent).
-func (c *watchedSysConn) Close() error {
+func (c *peekedConn) Close() error {
 	if !c.closed.Load() {
 		now := time.Now().UnixNano()
-		if waiting(c.sys) {
+		if waiting(c.peek) {
 			for _, b := range c.nodes {
 				b.answered(now)
 			}
@@ -249,27 +248,47 @@ func (c *watchedSysConn) Close() error {
 // unanswered reports since when the command the connection waits on has
 // had no reply, with nothing waiting unread on the socket: 0 if none
 // waits, or its reply is there.
-func (c *watchedSysConn) unanswered() int64 {
+func (c *peekedConn) unanswered() int64 {
 	sent := c.sent.Load()
-	if sent == 0 || !peeks || waiting(c.sys) || c.sent.Load() != sent {
+	if sent == 0 || !peeks || waiting(c.peek) || c.sent.Load() != sent {
 		return 0
 	}
 	return sent
 }
+
+// A watchedSysConn is a peekedConn whose connection gives access to its
+// file descriptor, which go-redis uses to check an idle connection's
+// health before reuse: the wrapper must not hide it. (A TLS connection
+// gives none, and its wrapper gives none either: go-redis would read TLS
+// records, such as TLS 1.3's session tickets, as data it did not expect.)
+type watchedSysConn struct {
+	*peekedConn
+	sys syscall.Conn
+}
+
+func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 func watch(conn net.Conn, nodes []*Node) net.Conn {
 	for _, b := range nodes {
 		b.watched.Add(1)
 	}
 	w := &watchedConn{Conn: conn, nodes: nodes}
-	if sc, ok := conn.(syscall.Conn); ok {
-		ws := &watchedSysConn{w, sc}
-		if peeks {
-			for _, b := range nodes {
-				b.conns.Store(ws, struct{}{})
-			}
-		}
-		return ws
+	sys, _ := conn.(syscall.Conn)
+	peek := sys
+	if tc, ok := conn.(*tls.Conn); ok && peek == nil {
+		peek, _ = tc.NetConn().(syscall.Conn)
 	}
-	return w
+	if peek == nil {
+		return w
+	}
+	pc := &peekedConn{w, peek}
+	if peeks {
+		for _, b := range nodes {
+			b.conns.Store(pc, struct{}{})
+		}
+	}
+	if sys != nil {
+		return &watchedSysConn{pc, sys}
+	}
+	return pc
 }
