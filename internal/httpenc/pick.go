@@ -32,6 +32,11 @@ type Edge struct {
 	// bodies holds, by coding: the stored frame (or noBody), the
 	// serialized value gzipped (or noBody), the serialized value.
 	bodies [codings]atomic.Pointer[Body]
+	// plainSum is the serialized value's Sum, once a Delta needed it;
+	// deltas are the dcz bodies made against earlier versions (dcz.go).
+	plainSum atomic.Pointer[Sum]
+	mu       sync.Mutex
+	deltas   []*delta
 }
 
 // NewEdge returns an Edge for the value stored, as Redis holds it (its
