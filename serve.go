@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -55,15 +56,34 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		err = c.get(r.Context(), key, p, p.loader, &res)
 	}
 	var b *httpenc.Body
+	src := &served{c: c, key: key, p: p, res: res}
 	if err == nil {
-		b, err = httpenc.Pick(r, bytesOf(res.stored), res.edge, &served{c: c, key: key, p: p, res: res})
+		b, err = httpenc.Pick(r, bytesOf(res.stored), res.edge, src)
 	}
 	if err != nil {
 		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
 		return
 	}
+	if p.deltas > 0 && b != nil {
+		b = c.delta(w, r, b, src)
+	}
 	status, n := httpenc.Write(w, r, b, contentType(c.form.kind.t, c.form.kind.raw, c.form.ser))
 	c.tel.servedOne(p, status, b.Coding(), n)
+}
+
+// delta is Policy.Deltas' part of a Serve that sends b, the body
+// httpenc.Pick chose: the body to send instead, the value as dcz against
+// the version r names if this key's versions keep it (else b); the body
+// offered as a dictionary; its version kept (versions.go). A failure to
+// read the versions goes to the error handler, and r gets b.
+func (c *cache) delta(w http.ResponseWriter, r *http.Request, b *httpenc.Body, src *served) *httpenc.Body {
+	d, err := httpenc.Delta(r, b, bytesOf(src.res.stored), src.res.edge, src, servedVersions{c: c, key: src.key, p: src.p})
+	if err != nil && !errors.Is(err, ErrCircuitOpen) && r.Context().Err() == nil {
+		c.tel.report(r.Context(), src.key, err)
+	}
+	httpenc.Offer(w.Header(), r, strings.Trim(d.ETag(), `"`), src.p.deltas)
+	c.vers.keep(src)
+	return d
 }
 
 // servedOne counts a response Serve wrote under p, and tells a
