@@ -65,7 +65,7 @@ func waitVersion(t *testing.T, rdb redis.UniversalClient, key string, plain []by
 func undcz(t *testing.T, b, dict []byte) []byte {
 	t.Helper()
 	sum := sha256.Sum256(dict)
-	head := append([]byte{0x5e, 0x2a, 0x4d, 0x18, 0x20, 0x00}, sum[:]...)
+	head := append([]byte{0x5e, 0x2a, 0x4d, 0x18, 0x20, 0x00, 0x00, 0x00}, sum[:]...)
 	if !bytes.HasPrefix(b, head) {
 		t.Fatalf("the dcz body does not begin with the magic and the dictionary's SHA-256: % x", b[:min(len(b), len(head))])
 	}

@@ -37,8 +37,10 @@ type Versions interface {
 }
 
 // dczMagic begins every dcz body, before the dictionary's SHA-256 and
-// the zstd frame (RFC 9842, section 4.2).
-const dczMagic = "\x5e\x2a\x4d\x18\x20\x00"
+// the zstd frame (RFC 9842, section 4.2): the header of a zstd skippable
+// frame (magic 0x184D2A5E, little-endian) of 32 bytes, the SHA-256, so
+// that a decoder without dictionaries skips it.
+const dczMagic = "\x5e\x2a\x4d\x18\x20\x00\x00\x00"
 
 // dczWindow is the window of the frames of dcz bodies. RFC 9842 lets a
 // decoder refuse a window over 8 MiB or 1.25 times the dictionary,

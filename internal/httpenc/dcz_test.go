@@ -92,10 +92,13 @@ func dczRequest(sum Sum) *http.Request {
 func decodeDcz(t *testing.T, b, dict []byte) []byte {
 	t.Helper()
 	sum := SumOf(dict)
-	if !bytes.HasPrefix(b, []byte(dczMagic)) || !bytes.Equal(b[len(dczMagic):len(dczMagic)+32], sum[:]) {
-		t.Fatalf("the body does not begin with the magic and the dictionary's SHA-256: % x", b[:min(len(b), 38)])
+	// A skippable frame of 32 bytes holding the SHA-256 (RFC 9842,
+	// section 4.2), spelled out rather than taken from dczMagic.
+	head := append([]byte{0x5e, 0x2a, 0x4d, 0x18, 0x20, 0x00, 0x00, 0x00}, sum[:]...)
+	if !bytes.HasPrefix(b, head) {
+		t.Fatalf("the body does not begin with the magic and the dictionary's SHA-256: % x", b[:min(len(b), len(head))])
 	}
-	frame := b[len(dczMagic)+32:]
+	frame := b[len(head):]
 	var h zstd.Header
 	if err := h.Decode(frame); err != nil {
 		t.Fatal(err)
