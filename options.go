@@ -503,7 +503,7 @@ func (p Policy) check() error {
 		}
 	}
 	if p.Deltas != 0 && p.Deltas != Off && p.Deltas < time.Millisecond {
-		return fmt.Errorf("Deltas %v is neither Off nor at least a millisecond", p.Deltas)
+		return fmt.Errorf("%s %v is neither Off nor at least a millisecond", "Deltas", p.Deltas)
 	}
 	if p.Dictionary != nil && p.Codec != nil {
 		if err := dictset.CheckCodec(p.Codec); err != nil {

@@ -65,25 +65,10 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		return
 	}
 	if p.deltas > 0 && b != nil {
-		b = c.delta(w, r, b, src)
+		b = src.delta(w, r, b)
 	}
 	status, n := httpenc.Write(w, r, b, contentType(c.form.kind.t, c.form.kind.raw, c.form.ser))
 	c.tel.servedOne(p, status, b.Coding(), n)
-}
-
-// delta is Policy.Deltas' part of a Serve that sends b, the body
-// httpenc.Pick chose: the body to send instead, the value as dcz against
-// the version r names if this key's versions keep it (else b); the body
-// offered as a dictionary; its version kept (versions.go). A failure to
-// read the versions goes to the error handler, and r gets b.
-func (c *cache) delta(w http.ResponseWriter, r *http.Request, b *httpenc.Body, src *served) *httpenc.Body {
-	d, err := httpenc.Delta(r, b, bytesOf(src.res.stored), src.res.edge, src, servedVersions{c: c, key: src.key, p: src.p})
-	if err != nil && !errors.Is(err, ErrCircuitOpen) && r.Context().Err() == nil {
-		c.tel.report(r.Context(), src.key, err)
-	}
-	httpenc.Offer(w.Header(), r, strings.Trim(d.ETag(), `"`), src.p.deltas)
-	c.vers.keep(src)
-	return d
 }
 
 // servedOne counts a response Serve wrote under p, and tells a
@@ -213,6 +198,21 @@ var rawJSON = reflect.TypeFor[json.RawMessage]()
 // errNotJSON is the cause of a Serve of a json.RawMessage that is not
 // JSON: it is not sent as application/json.
 var errNotJSON = errors.New("the value is not JSON, so it is not served as application/json")
+
+// delta is Policy.Deltas' part of a Serve of s that sends b, the body
+// httpenc.Pick chose: the body to send instead, the value as dcz against
+// the version r names if the key's versions keep it (else b); the body
+// offered as a dictionary; its version kept (versions.go). A failure to
+// read the versions goes to the error handler, and r gets b.
+func (s *served) delta(w http.ResponseWriter, r *http.Request, b *httpenc.Body) *httpenc.Body {
+	d, err := httpenc.Delta(r, b, bytesOf(s.res.stored), s.res.edge, s, servedVersions{c: s.c, key: s.key, p: s.p})
+	if err != nil && !errors.Is(err, ErrCircuitOpen) && r.Context().Err() == nil {
+		s.c.tel.report(r.Context(), s.key, err)
+	}
+	httpenc.Offer(w.Header(), r, strings.Trim(d.ETag(), `"`), s.p.deltas)
+	s.c.vers.keep(s)
+	return d
+}
 
 // Kept adds the n bytes a body kept in eg to the weight of the near-cache
 // entry that holds eg.

@@ -42,10 +42,9 @@ func versionsKey(key string) string {
 // holds an older one gets the full body.
 const maxVersions = 4
 
-// versionRecord is the length of a version's record in the hash's order
-// field: its SHA-256 in hex, then when it stops being usable, in
-// milliseconds since the epoch on Redis's clock, in 15 decimal digits.
-const versionRecord = 64 + 15
+// A version's record in the hash's order field is 79 bytes: its SHA-256
+// in hex, then when it stops being usable, in milliseconds since the
+// epoch on Redis's clock, in 15 decimal digits.
 
 // putVersionScript keeps a version: KEYS[1] the versions' hash, ARGV the
 // version's SHA-256 in hex, the version as a stored value, Deltas in
@@ -162,7 +161,7 @@ func (vs *versions) keep(s *served) {
 	}
 	if !won || !s.c.life.TryGo(func() {
 		defer vs.writing.Add(-1)
-		if !s.c.putVersion(s) {
+		if !vs.put(s) {
 			vs.offered.CompareAndDelete(key, o) // a later Serve writes it
 		}
 	}) {
@@ -170,11 +169,12 @@ func (vs *versions) keep(s *served) {
 	}
 }
 
-// putVersion writes the version s sends to its key's versions: the stored
+// put writes the version s sends to its key's versions: the stored
 // value as it is if this package decodes it alone, else the serialized
 // value compressed with zstd. It reports whether it did; a failure goes
 // to the error handler.
-func (c *cache) putVersion(s *served) bool {
+func (vs *versions) put(s *served) bool {
+	c := s.c
 	// What Serialized returns, whenever the stored value decodes alone.
 	stored := bytesOf(s.res.stored)
 	plain, err := codec.DecodeValue(nil, stored, c.form.maxSize)
