@@ -163,6 +163,7 @@ type served struct {
 // ErrSerialization: Serve answers 500.
 func (s *served) Serialized() ([]byte, int, error) {
 	res := &s.res
+	stored := s.stored()
 	var b []byte
 	var n int
 	switch {
@@ -170,11 +171,11 @@ func (s *served) Serialized() ([]byte, int, error) {
 		b = res.data
 	case s.c.form.kind.raw:
 		b = s.c.form.kind.bytes(res.val)
-	case res.stored != "" && codec.Plain(bytesOf(res.stored)):
-		b = bytesOf(res.stored)
+	case codec.Plain(stored):
+		b = stored
 	}
-	if b == nil && res.stored != "" {
-		if d, err := codec.DecodeValue(nil, bytesOf(res.stored), s.c.form.maxSize); err == nil {
+	if b == nil && len(stored) > 0 {
+		if d, err := codec.DecodeValue(nil, stored, s.c.form.maxSize); err == nil {
 			b, n = d, cap(d)
 		}
 	}
@@ -195,6 +196,15 @@ func (s *served) Serialized() ([]byte, int, error) {
 
 var rawJSON = reflect.TypeFor[json.RawMessage]()
 
+// stored is the value as Redis holds it, when known: read from there, or
+// kept by the near-cache entry's edge (a near hit); nil otherwise.
+func (s *served) stored() []byte {
+	if s.res.stored == "" && s.res.edge != nil {
+		return s.res.edge.Stored()
+	}
+	return bytesOf(s.res.stored)
+}
+
 // errNotJSON is the cause of a Serve of a json.RawMessage that is not
 // JSON: it is not sent as application/json.
 var errNotJSON = errors.New("the value is not JSON, so it is not served as application/json")
@@ -205,7 +215,7 @@ var errNotJSON = errors.New("the value is not JSON, so it is not served as appli
 // offered as a dictionary; its version kept (versions.go). A failure to
 // read the versions goes to the error handler, and r gets b.
 func (s *served) delta(w http.ResponseWriter, r *http.Request, b *httpenc.Body) *httpenc.Body {
-	d, err := httpenc.Delta(r, b, bytesOf(s.res.stored), s.res.edge, s, servedVersions{c: s.c, key: s.key, p: s.p})
+	d, err := httpenc.Delta(r, b, s.stored(), s.res.edge, s, servedVersions{c: s.c, key: s.key, p: s.p})
 	if err != nil && !errors.Is(err, ErrCircuitOpen) && r.Context().Err() == nil {
 		s.c.tel.report(r.Context(), s.key, err)
 	}

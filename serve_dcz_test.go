@@ -125,8 +125,9 @@ func withMessage(ch Channel, text string) Channel {
 // frame, decoding to v2 with v1 as its dictionary, from this process
 // (whose near cache makes the delta once) and from another over a client
 // of its own; the responses offer themselves as dictionaries; a
-// conditional request against the dcz ETag is 304; no delta costs an
-// error.
+// conditional request against the dcz ETag is 304; the version a dcz
+// client decoded is the one kept; after v3, clients holding v1 or v2 each
+// get a delta against their own; no delta costs an error.
 func TestServeDeltas(t *testing.T) {
 	t.Parallel()
 	s, rdb := single(t)
@@ -214,6 +215,18 @@ func TestServeDeltas(t *testing.T) {
 	}
 	if st := c.Stats().Served[packcache.ServeResponse{Status: 200, Coding: "dcz"}]; st.Responses < 51 || st.Bytes != st.Responses*uint64(len(first)) {
 		t.Errorf("Stats.Served dcz: %+v", st)
+	}
+	// v3: a client holding v1, older than the last, and one holding v2
+	// each get a delta against their own.
+	if err := c.Set(ctx, "ch:1", withMessage(v2, "and bring a pencil")); err != nil {
+		t.Fatal(err)
+	}
+	j3, _ := storedPlain(t, rdb, "ch:1")
+	for _, held := range [][]byte{j1, j2} {
+		rec := serveOnce(other, "ch:1", "GET", "Accept-Encoding", chromiumAccept, "Available-Dictionary", dictionaryOf(held))
+		if rec.Header().Get("Content-Encoding") != "dcz" || !bytes.Equal(undcz(t, rec.Body.Bytes(), held), j3) {
+			t.Errorf("v3 to a client holding %d bytes: Content-Encoding %q, or not v3", len(held), rec.Header().Get("Content-Encoding"))
+		}
 	}
 	if errs := er.take(); len(errs) != 0 {
 		t.Errorf("the error handler was told %v", errs)
@@ -480,4 +493,55 @@ func BenchmarkServeDeltas(b *testing.B) {
 			b.ReportMetric(float64(body.Load())/float64(b.N), "body-B/op")
 		})
 	}
+}
+
+// blockHook holds every command of a name until release is closed.
+type blockHook struct {
+	name    string
+	release chan struct{}
+	held    atomic.Int64
+}
+
+func (h *blockHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *blockHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.EqualFold(cmd.Name(), h.name) {
+			h.held.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *blockHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestServeDeltasBackground: the first Serve of a version returns
+// without waiting for the version's write, which is made in the
+// background and lands in Redis once Redis answers.
+func TestServeDeltasBackground(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	hold := &blockHook{name: "evalsha", release: make(chan struct{})}
+	rdb.AddHook(hold)
+	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.ZstdDefault), packcache.WithPrefix("ch:", packcache.Policy{Deltas: time.Hour}))
+	if err := c.Set(ctx, "ch:bg", makeChannel(43, 16<<10)); err != nil {
+		t.Fatal(err)
+	}
+	j, _ := storedPlain(t, rdb, "ch:bg")
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- serveOnce(c, "ch:bg", "GET", "Accept-Encoding", chromiumAccept) }()
+	select {
+	case rec := <-done:
+		if rec.Code != 200 || rec.Header().Get("Use-As-Dictionary") == "" {
+			t.Errorf("status %d, Use-As-Dictionary %q", rec.Code, rec.Header().Get("Use-As-Dictionary"))
+		}
+	case <-time.After(50 * time.Second):
+		close(hold.release)
+		t.Fatal("Serve waited for the version's write")
+	}
+	waitFor(t, 50*time.Second, "the version's write begun", func() bool { return hold.held.Load() > 0 })
+	close(hold.release)
+	waitVersion(t, rdb, "ch:bg", j)
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 
@@ -122,32 +123,39 @@ const (
 )
 
 // An offer is the version of a key last written: its edge (the near
-// cache's entry, nil without one) or else a hash of its stored bytes,
-// and when.
+// cache's entry; weak, so that an offer keeps no entry's bodies alive
+// past the near cache) or, without one, a hash of its stored bytes; and
+// when.
 type offer struct {
-	edge *httpenc.Edge
+	edge weak.Pointer[httpenc.Edge]
 	mark uint64
 	at   time.Time
 }
 
 // keep writes the version of s's key that Serve sends, in the
-// background, unless this cache wrote it less than half p.deltas ago.
+// background, unless this cache wrote it less than half p.deltas ago. A
+// value just loaded, which Redis does not hold as Serve sent it yet, is
+// kept by the first Serve that reads it back.
 func (vs *versions) keep(s *served) {
 	key, res := s.key, &s.res
 	var mark uint64
+	edge := weak.Make(res.edge)
 	if res.edge == nil {
+		if res.stored == "" {
+			return
+		}
 		mark = maphash.String(offerSeed, res.stored)
 	}
 	now := time.Now()
 	old, _ := vs.offered.Load(key)
-	if o, ok := old.(*offer); ok && o.edge == res.edge && o.mark == mark && now.Sub(o.at) < s.p.deltas/2 {
+	if o, ok := old.(*offer); ok && o.edge == edge && o.mark == mark && now.Sub(o.at) < s.p.deltas/2 {
 		return
 	}
 	if vs.writing.Add(1) > maxVersionWrites {
 		vs.writing.Add(-1)
 		return
 	}
-	o := &offer{edge: res.edge, mark: mark, at: now}
+	o := &offer{edge: edge, mark: mark, at: now}
 	var won bool
 	if old == nil {
 		_, loaded := vs.offered.LoadOrStore(key, o)
@@ -176,7 +184,7 @@ func (vs *versions) keep(s *served) {
 func (vs *versions) put(s *served) bool {
 	c := s.c
 	// What Serialized returns, whenever the stored value decodes alone.
-	stored := bytesOf(s.res.stored)
+	stored := s.stored()
 	plain, err := codec.DecodeValue(nil, stored, c.form.maxSize)
 	if len(stored) == 0 || err != nil {
 		if plain, _, err = s.Serialized(); err == nil {

@@ -46,6 +46,9 @@ func NewEdge(stored []byte) *Edge {
 	return &Edge{stored: stored}
 }
 
+// Stored returns the value as Redis holds it, the bytes eg was made for.
+func (eg *Edge) Stored() []byte { return eg.stored }
+
 // Pick returns the body that r's Accept-Encoding prefers, or nil if it
 // accepts none the value has (Write answers nil with 406).
 //
