@@ -125,33 +125,41 @@ func Offer(h http.Header, r *http.Request, id string, fresh time.Duration) {
 // content dictionary and a window of 8 MiB, within what RFC 9842 lets a
 // client refuse; its entity tag is its own (marked "dcz").
 //
-// stored, eg and src are Pick's. With eg not nil, the delta against each
-// version is made once, by the first request that needs it, and kept in
-// eg for every later one, for as long as vs said the version may be used,
-// at most maxDeltas of them; requests that come while it is made wait for
-// it (or their context). src is told of the bytes kept. With eg nil,
-// every request makes its own.
+// stored, eg and src are Pick's. The delta against each version is made
+// once, by the first request that needs it, and kept for every later
+// one, for as long as vs said the version may be used; requests that come
+// while it is made wait for it (or their context). With eg not nil it is
+// kept in eg, for at most maxDeltas versions (a request naming yet
+// another makes its own), and src is told of its bytes. With eg nil it is
+// kept in a set this package holds, by fallback's entity tag (which names
+// the value and the coding) and the version, for at most maxLoneDeltas
+// pairs of at most maxLoneBody bytes each, the set emptied when full. A
+// request naming the value itself is known as such from then on, in
+// either, and costs no serialization.
 func Delta(r *http.Request, fallback *Body, stored []byte, eg *Edge, src Source, vs Versions) (*Body, error) {
 	sum, ok := wantedDictionary(r)
 	if !ok || fallback == nil {
 		return fallback, nil
 	}
+	set, k := &loneDeltas, deltaKey{of: fallback.etag, dict: sum}
 	if eg != nil {
-		stored = eg.stored
+		set, k, stored = &eg.deltas, deltaKey{dict: sum}, eg.stored
 	}
-	plain, err := eg.body(codingIdentity, stored, src)
-	if err != nil {
-		return fallback, err
-	}
-	if eg.sum(plain) == sum {
-		return fallback, nil // the client has the value: a revalidation's 304, or the value
-	}
-	b, err := eg.delta(r.Context(), sum, plain, vs, src)
-	if err != nil || b == nil || len(b.b) >= len(fallback.b) {
+	b, err := set.get(r.Context(), k, &deltaMaker{sum: sum, stored: stored, eg: eg, src: src, vs: vs})
+	if err != nil || b == nil || b == noBody || len(b.b) >= len(fallback.b) {
 		return fallback, err
 	}
 	return b, nil
 }
+
+// The bounds of the deltas kept without an Edge (see Delta).
+const (
+	maxLoneDeltas = 128
+	maxLoneBody   = 64 << 10
+)
+
+// loneDeltas are the deltas of values without an Edge.
+var loneDeltas = deltaSet{max: maxLoneDeltas, evict: true}
 
 // sum returns the Sum of plain, the value's serialized body, computed
 // once for eg.
@@ -167,35 +175,49 @@ func (eg *Edge) sum(plain *Body) Sum {
 	return s
 }
 
+// A deltaKey names a delta in a deltaSet: the version it is made
+// against, and, in a set of many values' deltas, the value (the entity
+// tag of its body).
+type deltaKey struct {
+	of   string
+	dict Sum
+}
+
 // A delta is the value as a dcz body against one version: made by the
 // first request for it, which closes done.
 type delta struct {
-	dict  Sum
 	done  chan struct{}
-	body  *Body     // after done; nil: none (the version is not kept, or an error)
+	body  *Body     // after done; nil: none (the version is not kept, or an error); noBody: the value itself
 	until time.Time // when the version stops being usable
 }
 
-// delta returns the dcz body of plain against the version vs keeps as
-// sum, or nil if vs keeps none; kept in eg if eg is not nil.
-func (eg *Edge) delta(ctx context.Context, sum Sum, plain *Body, vs Versions, src Source) (*Body, error) {
-	if eg == nil {
-		b, _, _, err := makeDelta(ctx, sum, plain.b, vs)
-		return b, err
-	}
+// A deltaSet keeps deltas, at most max of them; when full, it refuses
+// more, or, if evict, is emptied.
+type deltaSet struct {
+	mu    sync.Mutex
+	m     map[deltaKey]*delta
+	max   int
+	evict bool
+}
+
+// get returns the delta k names, made by m if the set does not hold it,
+// or nil if there is none.
+func (s *deltaSet) get(ctx context.Context, k deltaKey, m *deltaMaker) (*Body, error) {
 	for {
-		d, mine := eg.deltaSlot(sum)
-		if d == nil { // every slot taken: made for this request alone
-			b, _, _, err := makeDelta(ctx, sum, plain.b, vs)
+		d, mine := s.slot(k)
+		if d == nil { // the set is full: made for this request alone
+			b, _, _, err := m.make(ctx)
 			return b, err
 		}
 		if mine {
-			b, ttl, n, err := makeDelta(ctx, sum, plain.b, vs)
-			if b == nil {
-				eg.dropDelta(d) // nothing to keep: a later request tries again
-			} else {
+			b, ttl, n, err := m.make(ctx)
+			if b != nil {
 				d.body, d.until = b, time.Now().Add(ttl)
-				src.Kept(eg, n)
+			}
+			if b == nil || s.evict && len(b.b) > maxLoneBody {
+				s.drop(k, d) // nothing to keep: a later request tries again
+			} else {
+				m.kept(n)
 			}
 			close(d.done)
 			return b, err
@@ -211,37 +233,73 @@ func (eg *Edge) delta(ctx context.Context, sum Sum, plain *Body, vs Versions, sr
 		case time.Now().Before(d.until):
 			return d.body, nil
 		}
-		eg.dropDelta(d) // the version is past its time: ask vs again
+		s.drop(k, d) // the version is past its time: ask again
 	}
 }
 
-// deltaSlot returns eg's delta against sum, and whether the caller is to
-// make it (it is new), or nil if there is none and no room for one.
-func (eg *Edge) deltaSlot(sum Sum) (*delta, bool) {
-	eg.mu.Lock()
-	defer eg.mu.Unlock()
-	for _, d := range eg.deltas {
-		if d.dict == sum {
-			return d, false
+// slot returns the delta k names, and whether the caller is to make it
+// (it is new), or nil if there is none and no room for one.
+func (s *deltaSet) slot(k deltaKey) (*delta, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.m[k]; ok {
+		return d, false
+	}
+	if len(s.m) >= s.max {
+		if !s.evict {
+			return nil, false
 		}
+		clear(s.m)
 	}
-	if len(eg.deltas) >= maxDeltas {
-		return nil, false
+	if s.m == nil {
+		s.m = make(map[deltaKey]*delta)
 	}
-	d := &delta{dict: sum, done: make(chan struct{})}
-	eg.deltas = append(eg.deltas, d)
+	d := &delta{done: make(chan struct{})}
+	s.m[k] = d
 	return d, true
 }
 
-// dropDelta removes d from eg's deltas, if it is there.
-func (eg *Edge) dropDelta(d *delta) {
-	eg.mu.Lock()
-	defer eg.mu.Unlock()
-	for i, e := range eg.deltas {
-		if e == d {
-			eg.deltas = append(eg.deltas[:i], eg.deltas[i+1:]...)
-			return
-		}
+// drop removes d, named k, from s, if it is there.
+func (s *deltaSet) drop(k deltaKey, d *delta) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[k] == d {
+		delete(s.m, k)
+	}
+}
+
+// A deltaMaker makes a request's delta, against the version of Sum sum,
+// of the value stored, as Pick makes its bodies.
+type deltaMaker struct {
+	sum    Sum
+	stored []byte
+	eg     *Edge
+	src    Source
+	vs     Versions
+}
+
+// forever is how long a fact about a value is kept: its end is the
+// value's (the Edge's, or the set's eviction).
+const forever = 1 << 62
+
+// make returns the delta, how long it may be used and the bytes it
+// allocated; noBody if sum is the value's own Sum; nil if vs keeps no
+// version of Sum sum.
+func (m *deltaMaker) make(ctx context.Context) (*Body, time.Duration, int, error) {
+	plain, err := m.eg.body(codingIdentity, m.stored, m.src)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	if m.eg.sum(plain) == m.sum {
+		return noBody, forever, 0, nil // the client has the value: a revalidation's 304, or the value
+	}
+	return makeDelta(ctx, m.sum, plain.b, m.vs)
+}
+
+// kept tells src of the n bytes a delta kept in the Edge holds.
+func (m *deltaMaker) kept(n int) {
+	if m.eg != nil && n > 0 {
+		m.src.Kept(m.eg, n)
 	}
 }
 

@@ -123,6 +123,7 @@ func decodeDcz(t *testing.T, b, dict []byte) []byte {
 // message more) as dcz, in at most 0.05x the zstd frame it would get
 // otherwise, and the body decodes to v2 with v1 as a raw dictionary.
 func TestDeltaDecodes(t *testing.T) {
+	forgetLone()
 	v1, v2 := channel(128 << 10)
 	stored := storedZstd(t, v2)
 	src := &source{plain: v2}
@@ -184,6 +185,7 @@ func TestDeltaFallback(t *testing.T) {
 		{name: "Versions fails", accept: "zstd, dcz", available: []string{":" + b64 + ":"}, vs: func() *versions { v := newVersions(v1); v.err = boom; return v }(), err: boom},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			forgetLone()
 			r := httptest.NewRequest("GET", "/channel/1", nil)
 			r.Header.Set("Accept-Encoding", tc.accept)
 			for _, a := range tc.available {
@@ -286,8 +288,8 @@ func TestDeltaKeptBounded(t *testing.T) {
 	if n, want := vs.calls.Load(), int64(maxDeltas+2); n != want {
 		t.Errorf("Versions read %d times, want %d (%d kept, the last made twice)", n, want, maxDeltas)
 	}
-	if len(eg.deltas) != maxDeltas {
-		t.Errorf("%d deltas kept, want %d", len(eg.deltas), maxDeltas)
+	if len(eg.deltas.m) != maxDeltas {
+		t.Errorf("%d deltas kept, want %d", len(eg.deltas.m), maxDeltas)
 	}
 }
 
@@ -341,5 +343,59 @@ func TestOffer(t *testing.T) {
 	Offer(h, httptest.NewRequest("GET", "/", nil), `"q"`, time.Millisecond)
 	if h.Get("Cache-Control") != "max-age=1" || h.Get("Use-As-Dictionary") != `match="/", id="\"q\""` {
 		t.Errorf("headers %v", h)
+	}
+}
+
+// forgetLone empties the deltas kept without an Edge, for a test that
+// makes its own.
+func forgetLone() {
+	loneDeltas.mu.Lock()
+	defer loneDeltas.mu.Unlock()
+	clear(loneDeltas.m)
+}
+
+// TestDeltaLone: without an Edge, the delta against a version is made
+// once for a value in one coding, and a request naming the value itself
+// costs one serialization, not one per request.
+func TestDeltaLone(t *testing.T) {
+	forgetLone()
+	v1, v2 := channel(64 << 10)
+	stored := storedZstd(t, v2)
+	src := &source{plain: v2}
+	vs := newVersions(v1)
+	var wg sync.WaitGroup
+	bodies := make([]*Body, 16)
+	for i := range bodies {
+		wg.Go(func() {
+			r := dczRequest(SumOf(v1))
+			fallback, err := Pick(r, stored, nil, src)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if bodies[i], err = Delta(r, fallback, stored, nil, src, vs); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, b := range bodies {
+		if b.Coding() != "dcz" || b != bodies[0] {
+			t.Fatalf("the requests got different bodies, or not dcz")
+		}
+	}
+	if n := vs.calls.Load(); n != 1 {
+		t.Errorf("Versions read %d times, want once", n)
+	}
+	before := src.serialized.Load()
+	for range 10 {
+		r := dczRequest(SumOf(v2))
+		fallback, _ := Pick(r, stored, nil, src)
+		if b, err := Delta(r, fallback, stored, nil, src, vs); err != nil || b != fallback {
+			t.Fatalf("a request naming the value itself: %v, %v", b.Coding(), err)
+		}
+	}
+	if n := src.serialized.Load() - before; n != 1 {
+		t.Errorf("10 requests naming the value itself serialized it %d times, want once", n)
 	}
 }

@@ -35,15 +35,14 @@ type Edge struct {
 	// plainSum is the serialized value's Sum, once a Delta needed it;
 	// deltas are the dcz bodies made against earlier versions (dcz.go).
 	plainSum atomic.Pointer[Sum]
-	mu       sync.Mutex
-	deltas   []*delta
+	deltas   deltaSet
 }
 
 // NewEdge returns an Edge for the value stored, as Redis holds it (its
 // header and payload; see FORMAT.md). Its bodies may be views of stored,
 // which must not change.
 func NewEdge(stored []byte) *Edge {
-	return &Edge{stored: stored}
+	return &Edge{stored: stored, deltas: deltaSet{max: maxDeltas}}
 }
 
 // Stored returns the value as Redis holds it, the bytes eg was made for.
