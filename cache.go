@@ -358,11 +358,13 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 // any process of the fleet, gets the value as dcz: a zstd frame made
 // with that version as its dictionary, in a body that begins with the
 // dcz magic and the version's SHA-256, with an ETag of its own, and
-// conditional requests answered against that ETag. With a near cache the
-// delta against each version is made once per entry and kept in it (and
-// weighed), so that a hot key costs one encode per version its clients
-// hold; without one, each such request reads the version and makes its
-// delta. Anything else (no dcz, an Available-Dictionary malformed or of
+// conditional requests answered against that ETag. The delta against
+// each version is made once, by the first request that names it (one
+// Redis call), and kept: with a near cache in the entry (and weighed in
+// its bound), so that a hot key costs one encode per version its clients
+// hold; without one, in a set of this process's of at most 128 deltas of
+// up to 64 KiB. A request naming a version that is not kept costs a Redis
+// call each time. Anything else (no dcz, an Available-Dictionary malformed or of
 // a version not kept or past Deltas, the value itself, a delta no
 // smaller than the body the request would get) gets that body, as above:
 // a delta is never the cause of an error. A failure to read the versions
