@@ -545,3 +545,35 @@ func TestServeDeltasBackground(t *testing.T) {
 	close(hold.release)
 	waitVersion(t, rdb, "ch:bg", j)
 }
+
+// TestServeDeltasScriptFlush: a SCRIPT FLUSH (a restart, a failover)
+// before the versions' write and before their read costs each one EVAL,
+// never a lost version or delta.
+func TestServeDeltasScriptFlush(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var er errorRecorder
+	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.ZstdDefault), packcache.WithPrefix("ch:", packcache.Policy{Deltas: time.Hour}),
+		packcache.WithErrorHandler(er.handle))
+	v1 := makeChannel(44, 16<<10)
+	if err := c.Set(ctx, "ch:sf", v1); err != nil {
+		t.Fatal(err)
+	}
+	j1, _ := storedPlain(t, rdb, "ch:sf")
+	rdb.ScriptFlush(ctx)
+	serveOnce(c, "ch:sf", "GET", "Accept-Encoding", chromiumAccept)
+	waitVersion(t, rdb, "ch:sf", j1)
+	if err := c.Set(ctx, "ch:sf", withMessage(v1, "flushed")); err != nil {
+		t.Fatal(err)
+	}
+	j2, _ := storedPlain(t, rdb, "ch:sf")
+	rdb.ScriptFlush(ctx)
+	rec := serveOnce(c, "ch:sf", "GET", "Accept-Encoding", chromiumAccept, "Available-Dictionary", dictionaryOf(j1))
+	if rec.Header().Get("Content-Encoding") != "dcz" || !bytes.Equal(undcz(t, rec.Body.Bytes(), j1), j2) {
+		t.Errorf("after SCRIPT FLUSH: Content-Encoding %q, or not v2", rec.Header().Get("Content-Encoding"))
+	}
+	if errs := er.take(); len(errs) != 0 {
+		t.Errorf("the error handler was told %v", errs)
+	}
+}
