@@ -84,27 +84,35 @@ func undcz(t *testing.T, b, dict []byte) []byte {
 	return out
 }
 
-// commandCount counts the commands of a name a client sends.
+// commandCount counts the commands of a name a client sends, and among
+// them those with args arguments (the command's name included): 8 for
+// the versions' write (EVALSHA, its SHA, 1, the key, 4 ARGV).
 type commandCount struct {
-	name string
-	n    atomic.Int64
+	name     string
+	args     int
+	n, nArgs atomic.Int64
+}
+
+func (c *commandCount) count(cmd redis.Cmder) {
+	if strings.EqualFold(cmd.Name(), c.name) {
+		c.n.Add(1)
+		if len(cmd.Args()) == c.args {
+			c.nArgs.Add(1)
+		}
+	}
 }
 
 func (c *commandCount) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if strings.EqualFold(cmd.Name(), c.name) {
-			c.n.Add(1)
-		}
+		c.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 func (c *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if strings.EqualFold(cmd.Name(), c.name) {
-				c.n.Add(1)
-			}
+			c.count(cmd)
 		}
 		return next(ctx, cmds)
 	}
@@ -132,7 +140,7 @@ func TestServeDeltas(t *testing.T) {
 	t.Parallel()
 	s, rdb := single(t)
 	ctx := ctxT(t)
-	evals := &commandCount{name: "evalsha"}
+	evals := &commandCount{name: "evalsha", args: 8}
 	rdb.AddHook(evals)
 	var er errorRecorder
 	deltas := packcache.WithPrefix("ch:", packcache.Policy{Deltas: time.Hour})
@@ -155,6 +163,7 @@ func TestServeDeltas(t *testing.T) {
 	}
 
 	v2 := withMessage(v1, "the midterm is moved to room 4")
+	puts := evals.nArgs.Load()
 	if err := c.Set(ctx, "ch:1", v2); err != nil {
 		t.Fatal(err)
 	}
@@ -212,6 +221,11 @@ func TestServeDeltas(t *testing.T) {
 	}
 	if n := evals.n.Load() - before; n != 0 {
 		t.Errorf("50 dcz requests of a hot key made %d script calls, want none", n)
+	}
+	// v2 was sent from a read of Redis, then from the near cache's entry:
+	// written once.
+	if n := evals.nArgs.Load() - puts; n != 1 {
+		t.Errorf("v2 written %d times by this process, want once", n)
 	}
 	if st := c.Stats().Served[packcache.ServeResponse{Status: 200, Coding: "dcz"}]; st.Responses < 51 || st.Bytes != st.Responses*uint64(len(first)) {
 		t.Errorf("Stats.Served dcz: %+v", st)

@@ -122,40 +122,48 @@ const (
 	maxVersionWrites = 16
 )
 
-// An offer is the version of a key last written: its edge (the near
-// cache's entry; weak, so that an offer keeps no entry's bodies alive
-// past the near cache) or, without one, a hash of its stored bytes; and
-// when.
+// An offer is the version of a key last written: a hash of its stored
+// bytes, and the near-cache entry's edge it was last sent from, if any
+// (weak, so that an offer keeps no entry's bodies alive past the near
+// cache); and when it was written.
 type offer struct {
-	edge weak.Pointer[httpenc.Edge]
 	mark uint64
+	edge weak.Pointer[httpenc.Edge]
 	at   time.Time
 }
 
 // keep writes the version of s's key that Serve sends, in the
 // background, unless this cache wrote it less than half p.deltas ago. A
-// value just loaded, which Redis does not hold as Serve sent it yet, is
-// kept by the first Serve that reads it back.
+// near hit of the edge last seen costs no hash of the value; a new edge
+// of the same version costs one. A value just loaded, which Redis does
+// not hold as Serve sent it yet, is kept by the first Serve that reads
+// it back.
 func (vs *versions) keep(s *served) {
-	key, res := s.key, &s.res
-	var mark uint64
-	edge := weak.Make(res.edge)
-	if res.edge == nil {
-		if res.stored == "" {
-			return
-		}
-		mark = maphash.String(offerSeed, res.stored)
+	key := s.key
+	stored := s.stored()
+	if len(stored) == 0 {
+		return
 	}
+	edge := weak.Make(s.res.edge)
 	now := time.Now()
 	old, _ := vs.offered.Load(key)
-	if o, ok := old.(*offer); ok && o.edge == edge && o.mark == mark && now.Sub(o.at) < s.p.deltas/2 {
+	o, _ := old.(*offer)
+	fresh := o != nil && now.Sub(o.at) < s.p.deltas/2
+	if fresh && s.res.edge != nil && o.edge == edge {
+		return
+	}
+	mark := maphash.Bytes(offerSeed, stored)
+	if fresh && o.mark == mark {
+		if s.res.edge != nil {
+			vs.offered.CompareAndSwap(key, old, &offer{mark: mark, edge: edge, at: o.at})
+		}
 		return
 	}
 	if vs.writing.Add(1) > maxVersionWrites {
 		vs.writing.Add(-1)
 		return
 	}
-	o := &offer{edge: edge, mark: mark, at: now}
+	o = &offer{mark: mark, edge: edge, at: now}
 	var won bool
 	if old == nil {
 		_, loaded := vs.offered.LoadOrStore(key, o)
