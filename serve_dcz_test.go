@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -589,5 +590,58 @@ func TestServeDeltasScriptFlush(t *testing.T) {
 	}
 	if errs := er.take(); len(errs) != 0 {
 		t.Errorf("the error handler was told %v", errs)
+	}
+}
+
+// failHook fails every command of a name with args arguments.
+type failHook struct {
+	name string
+	args int
+}
+
+func (h failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.EqualFold(cmd.Name(), h.name) && len(cmd.Args()) == h.args {
+			err := errors.New("ERR injected")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestServeDeltasRedisFails: a read of the versions that fails is no
+// failed response: the request gets what it would without a delta, and
+// the error handler is told, naming the versions' key.
+func TestServeDeltasRedisFails(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	var er errorRecorder
+	c := mustNew[Channel](t, rdb, packcache.WithCodec(codec.ZstdDefault), packcache.WithPrefix("ch:", packcache.Policy{Deltas: time.Hour}),
+		packcache.WithErrorHandler(er.handle))
+	v1 := makeChannel(45, 16<<10)
+	if err := c.Set(ctx, "ch:rf", v1); err != nil {
+		t.Fatal(err)
+	}
+	j1, _ := storedPlain(t, rdb, "ch:rf")
+	serveOnce(c, "ch:rf", "GET", "Accept-Encoding", chromiumAccept)
+	waitVersion(t, rdb, "ch:rf", j1)
+	if err := c.Set(ctx, "ch:rf", withMessage(v1, "no delta today")); err != nil {
+		t.Fatal(err)
+	}
+	_, stored := storedPlain(t, rdb, "ch:rf")
+	rdb.AddHook(failHook{name: "evalsha", args: 5}) // the versions' read: EVALSHA, its SHA, 1, the key, the SHA-256
+	rec := serveOnce(c, "ch:rf", "GET", "Accept-Encoding", chromiumAccept, "Available-Dictionary", dictionaryOf(j1))
+	if rec.Code != 200 || rec.Header().Get("Content-Encoding") != "zstd" || !bytes.Equal(rec.Body.Bytes(), stored[1:]) {
+		t.Errorf("status %d, Content-Encoding %q; want 200 and the stored frame", rec.Code, rec.Header().Get("Content-Encoding"))
+	}
+	errs := er.take()
+	if len(errs) != 1 || !errors.Is(errs[0], packcache.ErrRedis) || !strings.Contains(errs[0].Error(), versionsKey("ch:rf")) {
+		t.Errorf("the error handler was told %v; want one Redis error naming %s", errs, versionsKey("ch:rf"))
 	}
 }
