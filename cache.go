@@ -358,7 +358,9 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 // any process of the fleet, gets the value as dcz: a zstd frame made
 // with that version as its dictionary, in a body that begins with the
 // dcz magic and the version's SHA-256, with an ETag of its own, and
-// conditional requests answered against that ETag. The delta against
+// conditional requests answered against that ETag (a client holding the
+// value itself, revalidating the dcz body it got, gets 304 where that
+// delta is kept). The delta against
 // each version is made once, by the first request that names it (one
 // Redis call), and kept: with a near cache in the entry (and weighed in
 // its bound), so that a hot key costs one encode per version its clients

@@ -262,4 +262,20 @@ func TestBrowserDeltas(t *testing.T) {
 		t.Error("the dcz body sent does not decode to v2 with v1")
 	}
 	t.Logf("Chromium %s: v2 %d bytes of JSON, stored frame %d bytes, sent as dcz in %d", browser.Version(), len(j2), len(stored2)-1, len(e.Body))
+
+	// Revalidated again, v2 unchanged: the request names the dcz body's
+	// ETag and, at once or once Chromium keeps it, v2 as its dictionary;
+	// it is answered 304, not the whole value, and the page reads v2.
+	dczTag := e.Header.Get("Etag")
+	waitFor(t, 40*time.Second, "a revalidation naming v2 in Available-Dictionary", func() bool {
+		if err := tab.Eval(ectx, srv.URL+"/", fetchJS("no-cache"), &got); err != nil {
+			t.Fatal(err)
+		}
+		e, _ = rec.Last("/channel/17")
+		return e.RequestHeader.Get("Available-Dictionary") == dictionaryOf(j2)
+	})
+	if e.RequestHeader.Get("If-None-Match") != dczTag || e.Status != http.StatusNotModified || got.Text != string(j2) {
+		t.Errorf("revalidating v2: If-None-Match %q (the dcz ETag %s), status %d, the page read v2: %v",
+			e.RequestHeader.Get("If-None-Match"), dczTag, e.Status, got.Text == string(j2))
+	}
 }

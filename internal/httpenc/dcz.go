@@ -135,7 +135,10 @@ func Offer(h http.Header, r *http.Request, id string, fresh time.Duration) {
 // the value and the coding) and the version, for at most maxLoneDeltas
 // pairs of at most maxLoneBody bytes each, the set emptied when full. A
 // request naming the value itself is known as such from then on, in
-// either, and costs no serialization.
+// either, and costs no serialization; it gets fallback, but for one whose
+// If-None-Match lists the entity tag of a dcz body of the value kept
+// there (a client revalidating what a delta gave it), which gets that
+// body, so that Write answers it 304 Not Modified.
 func Delta(r *http.Request, fallback *Body, stored []byte, eg *Edge, src Source, vs Versions) (*Body, error) {
 	sum, ok := wantedDictionary(r)
 	if !ok || fallback == nil {
@@ -146,10 +149,41 @@ func Delta(r *http.Request, fallback *Body, stored []byte, eg *Edge, src Source,
 		set, k, stored = &eg.deltas, deltaKey{dict: sum}, eg.stored
 	}
 	b, err := set.get(r.Context(), k, &deltaMaker{sum: sum, stored: stored, eg: eg, src: src, vs: vs})
+	if b == noBody {
+		// The client holds the value: as the dcz body it revalidates,
+		// if it got one, so that it gets a 304 and not the whole value.
+		if d := set.revalidated(k.of, fieldValues(r, "If-None-Match")); d != nil {
+			return d, nil
+		}
+	}
 	if err != nil || b == nil || b == noBody || len(b.b) >= len(fallback.b) {
 		return fallback, err
 	}
 	return b, nil
+}
+
+// revalidated returns the dcz body s keeps, of the value of, whose entity
+// tag inm lists (by weak comparison), or nil if there is none.
+func (s *deltaSet) revalidated(of string, inm []string) *Body {
+	if inm == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, d := range s.m {
+		if k.of != of {
+			continue
+		}
+		select {
+		case <-d.done:
+		default:
+			continue // being made
+		}
+		if d.body != nil && d.body != noBody && etagMatch(inm, d.body.etag, false) {
+			return d.body
+		}
+	}
+	return nil
 }
 
 // The bounds of the deltas kept without an Edge (see Delta).

@@ -399,3 +399,42 @@ func TestDeltaLone(t *testing.T) {
 		t.Errorf("10 requests naming the value itself serialized it %d times, want once", n)
 	}
 }
+
+// TestDeltaRevalidate: a client that got the value as dcz, and holds it
+// now, revalidating with that body's entity tag, gets that body (Write
+// answers it 304), with an Edge and without; without If-None-Match, or
+// with another tag, it gets the fallback.
+func TestDeltaRevalidate(t *testing.T) {
+	forgetLone()
+	v1, v2 := channel(32 << 10)
+	stored := storedZstd(t, v2)
+	for _, eg := range []*Edge{NewEdge(stored), nil} {
+		src := &source{plain: v2}
+		vs := newVersions(v1)
+		r := dczRequest(SumOf(v1))
+		fallback, _ := Pick(r, stored, eg, src)
+		d, err := Delta(r, fallback, stored, eg, src, vs)
+		if err != nil || d.Coding() != "dcz" {
+			t.Fatalf("edge %v: %v, %v", eg != nil, d.Coding(), err)
+		}
+		for _, tc := range []struct {
+			inm  string
+			want *Body
+		}{{d.etag, d}, {"W/" + d.etag, d}, {"", fallback}, {`"other"`, fallback}} {
+			r := dczRequest(SumOf(v2))
+			if tc.inm != "" {
+				r.Header.Set("If-None-Match", tc.inm)
+			}
+			b, err := Delta(r, fallback, stored, eg, src, vs)
+			if err != nil || b != tc.want {
+				t.Errorf("edge %v, If-None-Match %q: got a %s body, want %s", eg != nil, tc.inm, b.Coding(), tc.want.Coding())
+			}
+			if tc.want == d {
+				w := httptest.NewRecorder()
+				if status, _ := Write(w, r, b, "application/json"); status != http.StatusNotModified {
+					t.Errorf("edge %v: Write answered %d, want 304", eg != nil, status)
+				}
+			}
+		}
+	}
+}
