@@ -356,6 +356,36 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 // Serve by a read of Redis. Invalidation and the TTL rule these as they
 // rule the entry: they are the entry.
 //
+// With Policy.Deltas, Serve speaks RFC 9842 (Compression Dictionary
+// Transport) for the prefix's keys. Every response about a body offers
+// it as a dictionary for the request's path (Use-As-Dictionary, with the
+// body's ETag as its id), adds Available-Dictionary to Vary, and, unless
+// the application set Cache-Control on w, sends Cache-Control: max-age
+// of Deltas, since a browser keeps a dictionary only while its response
+// is fresh (a client then asks for a newer version with a revalidating
+// fetch, cache: 'no-cache'). The version sent is kept in Redis for Deltas
+// (the last 4 versions of a key at most; FORMAT.md section 10), written
+// in the background the first time this process sends it and again
+// every half Deltas while it sends it, never by a request's own round
+// trip. A request whose Accept-Encoding names dcz and whose
+// Available-Dictionary names a version of the key Redis still keeps, by
+// any process of the fleet, gets the value as dcz: a zstd frame made
+// with that version as its dictionary, in a body that begins with the
+// dcz magic and the version's SHA-256, with an ETag of its own, and
+// conditional requests answered against that ETag (a client holding the
+// value itself, revalidating the dcz body it got, gets 304 where that
+// delta is kept). The delta against
+// each version is made once, by the first request that names it (one
+// Redis call), and kept: with a near cache in the entry (and weighed in
+// its bound), so that a hot key costs one encode per version its clients
+// hold; without one, in a set of this process's of at most 128 deltas of
+// up to 64 KiB. A request naming a version that is not kept costs a Redis
+// call each time. Anything else (no dcz, an Available-Dictionary malformed or of
+// a version not kept or past Deltas, the value itself, a delta no
+// smaller than the body the request would get) gets that body, as above:
+// a delta is never the cause of an error. A failure to read the versions
+// goes to the error handler (but for an open circuit).
+//
 // WARNING: for a key that holds a value written by another writer with a
 // zstd frame whose content is not what the serializer would read (say, a
 // document in another format), Serve passes the frame on all the same:
@@ -493,6 +523,7 @@ type cache struct {
 	groups groupState  // groups in use, and their records (groups.go)
 	life   lifetime    // calls and goroutines under way, and the load timeout (cache.go, internal/life)
 	owed   owed.Ledger // invalidations owed after a write failed on Redis, retried (internal/owed, pending.go)
+	vers   versions    // the versions Serve sent, for Policy.Deltas (versions.go)
 
 	coalesce   bool // WithCoalescing
 	strict     bool // WithStrictRedis
@@ -533,6 +564,7 @@ type policy struct {
 	negativeTTL  time.Duration // 0: not remembered
 	refreshAfter time.Duration // 0: no refresh
 	staleFor     time.Duration // 0: no stale window
+	deltas       time.Duration // 0: no versions kept, no deltas (versions.go)
 	near         *near         // nil: no near cache
 	stats        *counters
 
@@ -679,6 +711,7 @@ func resolve(c *cache, prefix string, p Policy) (*policy, error) {
 	}
 	rp.dictRedis = dictRedis{c, rp}
 	rp.negativeTTL, rp.refreshAfter, rp.staleFor = max(p.NegativeTTL, 0), max(p.RefreshAfter, 0), max(p.StaleFor, 0)
+	rp.deltas = max(p.Deltas, 0)
 	if p.Loader != nil && p.Loader != any(Off) {
 		l, ok := c.form.kind.loader(p.Loader)
 		if !ok {

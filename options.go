@@ -34,7 +34,7 @@ const (
 // beyond one byte (MinSaving), no jitter, no negative caching, no early
 // refresh, no stale window, no near cache (LocalCache.MaxBytes), no share
 // window past a read's reply (WithShareWindow), no circuit breaker
-// (WithCircuitBreaker).
+// (WithCircuitBreaker), no deltas (Policy.Deltas).
 const Off = -1
 
 // CompressAll, as CompressAbove, compresses every non-empty value however
@@ -147,6 +147,16 @@ type Policy struct {
 	// value they compress with a dictionary, about 2 ms a value (see
 	// codec.Dictionary.Codec).
 	Dictionary []byte
+
+	// Deltas is how long a version of a value that Cache.Serve sent stays
+	// usable as a dictionary (RFC 9842, Compression Dictionary Transport)
+	// for the prefix's keys: with it, Serve offers every body it sends as
+	// a dictionary for the request's path, keeps the version in Redis,
+	// and answers a client that names a version still kept, and accepts
+	// dcz, with the value compressed against that version (see
+	// Cache.Serve and docs/http.md). At least a millisecond; Off, the
+	// cache's own default, keeps no version and sends no delta.
+	Deltas time.Duration
 }
 
 // An Option configures a Cache in New.
@@ -187,6 +197,7 @@ func defaultConfig() config {
 			RefreshAfter:  Off,
 			StaleFor:      Off,
 			Loader:        Off,
+			Deltas:        Off,
 		},
 		prefixes:     map[string]Policy{},
 		serializer:   JSON,
@@ -497,6 +508,9 @@ func (p Policy) check() error {
 		if d < 0 && d != Off {
 			return fmt.Errorf("%s %v is neither a duration nor Off", name, d)
 		}
+	}
+	if p.Deltas != 0 && p.Deltas != Off && p.Deltas < time.Millisecond {
+		return fmt.Errorf("%s %v is neither Off nor at least a millisecond", "Deltas", p.Deltas)
 	}
 	if p.Dictionary != nil && p.Codec != nil {
 		if err := dictset.CheckCodec(p.Codec); err != nil {

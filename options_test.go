@@ -88,6 +88,8 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 		"prefix neg ttl": packcache.WithPrefix("a:", packcache.Policy{NegativeTTL: -2}),
 		"prefix stale":   packcache.WithPrefix("a:", packcache.Policy{StaleFor: -time.Second}),
 		"prefix jitter":  packcache.WithPrefix("a:", packcache.Policy{TTLJitter: 1.5}),
+		"prefix deltas":  packcache.WithPrefix("a:", packcache.Policy{Deltas: -time.Second}),
+		"sub-ms deltas":  packcache.WithPrefix("a:", packcache.Policy{Deltas: time.Microsecond}),
 		"redis timeout":  packcache.WithRedisTimeout(-time.Second),
 		"load timeout":   packcache.WithLoadTimeout(-time.Second),
 		"negative ttl":   packcache.WithTTL(-5),

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -59,12 +60,16 @@ func (c *cache) serve(w http.ResponseWriter, r *http.Request, key string) {
 		err = c.get(r.Context(), key, p, p.loader, &res)
 	}
 	var b *httpenc.Body
+	src := &served{c: c, key: key, p: p, res: res}
 	if err == nil {
-		b, err = httpenc.Pick(r, bytesOf(res.stored), res.edge, &served{c: c, key: key, p: p, res: res})
+		b, err = httpenc.Pick(r, bytesOf(res.stored), res.edge, src)
 	}
 	if err != nil {
 		c.tel.servedOne(p, serveFailure(w, r, key, err, c.tel.onError, c.serveError), "", 0)
 		return
+	}
+	if p.deltas > 0 && b != nil {
+		b = src.delta(w, r, b)
 	}
 	status, n := httpenc.Write(w, r, b, contentType(c.form.kind.t, c.form.kind.raw, c.form.ser))
 	c.tel.servedOne(p, status, b.Coding(), n)
@@ -162,6 +167,7 @@ type served struct {
 // ErrSerialization: Serve answers 500.
 func (s *served) Serialized() ([]byte, int, error) {
 	res := &s.res
+	stored := s.stored()
 	var b []byte
 	var n int
 	switch {
@@ -169,11 +175,11 @@ func (s *served) Serialized() ([]byte, int, error) {
 		b = res.data
 	case s.c.form.kind.raw:
 		b = s.c.form.kind.bytes(res.val)
-	case res.stored != "" && codec.Plain(bytesOf(res.stored)):
-		b = bytesOf(res.stored)
+	case codec.Plain(stored):
+		b = stored
 	}
-	if b == nil && res.stored != "" {
-		if d, err := codec.DecodeValue(nil, bytesOf(res.stored), s.c.form.maxSize); err == nil {
+	if b == nil && len(stored) > 0 {
+		if d, err := codec.DecodeValue(nil, stored, s.c.form.maxSize); err == nil {
 			b, n = d, cap(d)
 		}
 	}
@@ -194,9 +200,33 @@ func (s *served) Serialized() ([]byte, int, error) {
 
 var rawJSON = reflect.TypeFor[json.RawMessage]()
 
+// stored is the value as Redis holds it, when known: read from there, or
+// kept by the near-cache entry's edge (a near hit); nil otherwise.
+func (s *served) stored() []byte {
+	if s.res.stored == "" && s.res.edge != nil {
+		return s.res.edge.Stored()
+	}
+	return bytesOf(s.res.stored)
+}
+
 // errNotJSON is the cause of a Serve of a json.RawMessage that is not
 // JSON: it is not sent as application/json.
 var errNotJSON = errors.New("the value is not JSON, so it is not served as application/json")
+
+// delta is Policy.Deltas' part of a Serve of s that sends b, the body
+// httpenc.Pick chose: the body to send instead, the value as dcz against
+// the version r names if the key's versions keep it (else b); the body
+// offered as a dictionary; its version kept (versions.go). A failure to
+// read the versions goes to the error handler, and r gets b.
+func (s *served) delta(w http.ResponseWriter, r *http.Request, b *httpenc.Body) *httpenc.Body {
+	d, err := httpenc.Delta(r, b, s.stored(), s.res.edge, s, servedVersions{c: s.c, key: s.key, p: s.p})
+	if err != nil && !errors.Is(err, ErrCircuitOpen) && r.Context().Err() == nil {
+		s.c.tel.report(r.Context(), s.key, err)
+	}
+	httpenc.Offer(w.Header(), r, strings.Trim(d.ETag(), `"`), s.p.deltas)
+	s.c.vers.keep(s)
+	return d
+}
 
 // Kept adds the n bytes a body kept in eg to the weight of the near-cache
 // entry that holds eg.

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,5 +163,119 @@ func TestBrowserServe(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBrowserDeltas drives headless Chromium over http://127.0.0.1
+// through RFC 9842 with Policy.Deltas: the page fetches a channel, which
+// Serve offers as a dictionary; the server adds a message; the page
+// fetches again with cache: 'no-cache', and that request carries
+// Available-Dictionary naming the first version, is answered with dcz by
+// another cache instance over a client of its own (another process of
+// the fleet), and the page reads the new version. Without Chromium the
+// test is skipped, unless PACKCACHE_REQUIRE_BROWSER=1 (CI).
+func TestBrowserDeltas(t *testing.T) {
+	t.Parallel()
+	browser := browsertest.Start(t)
+	tab := browser.Tab(t)
+	s, rdb := single(t)
+	ctx := ctxT(t)
+	deltas := packcache.WithPrefix("channel:", packcache.Policy{Deltas: time.Hour})
+	first := mustNew[Channel](t, rdb, packcache.WithCodec(codec.ZstdDefault), deltas)
+	second := mustNew[Channel](t, s.Universal(t), packcache.WithCodec(codec.ZstdDefault), deltas)
+	v1 := makeChannel(17, 150<<10)
+	if err := first.Set(ctx, "channel:17", v1); err != nil {
+		t.Fatal(err)
+	}
+	j1, _ := storedPlain(t, rdb, "channel:17")
+	var served atomic.Pointer[packcache.Cache[Channel]]
+	served.Store(first)
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", browsertest.Page)
+	mux.HandleFunc("GET /channel/{id}", func(w http.ResponseWriter, r *http.Request) {
+		served.Load().Serve(w, r, "channel:"+r.PathValue("id"))
+	})
+	rec := browsertest.Record(mux)
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	ectx, cancel := context.WithTimeout(ctx, 50*time.Second)
+	defer cancel()
+	type seen struct {
+		Encoding string `json:"encoding"`
+		Messages int    `json:"messages"`
+		Last     string `json:"last"`
+		Text     string `json:"text"`
+	}
+	fetchJS := func(mode string) string {
+		return fmt.Sprintf(`fetch(%q, {cache: %q}).then(async r => {
+	if (!r.ok) throw new Error("status " + r.status);
+	const text = await r.text();
+	const doc = JSON.parse(text);
+	return {encoding: r.headers.get("content-encoding"), messages: doc.messages.length,
+		last: doc.messages[doc.messages.length - 1].text, text: text};
+})`, srv.URL+"/channel/17", mode)
+	}
+	var got seen
+	if err := tab.Eval(ectx, srv.URL+"/", fetchJS("default"), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Messages != len(v1.Messages) || got.Encoding != "zstd" {
+		t.Fatalf("first fetch: %d messages, encoding %q", got.Messages, got.Encoding)
+	}
+	// Chromium names dcz only in a request it holds a dictionary for.
+	e, _ := rec.Last("/channel/17")
+	if e.Header.Get("Use-As-Dictionary") == "" || e.Header.Get("Cache-Control") != "max-age=3600" {
+		t.Fatalf("first exchange: Use-As-Dictionary %q, Cache-Control %q", e.Header.Get("Use-As-Dictionary"), e.Header.Get("Cache-Control"))
+	}
+	// Chromium keeps the dictionary once the body is read, in the
+	// background: revalidate v1 until a request names it.
+	waitFor(t, 40*time.Second, "a request naming v1 in Available-Dictionary", func() bool {
+		if err := tab.Eval(ectx, srv.URL+"/", fetchJS("no-cache"), &got); err != nil {
+			t.Fatal(err)
+		}
+		e, _ := rec.Last("/channel/17")
+		return e.RequestHeader.Get("Available-Dictionary") == dictionaryOf(j1)
+	})
+	waitVersion(t, rdb, "channel:17", j1)
+
+	v2 := withMessage(v1, "the exam room is 204, not 201")
+	if err := first.Set(ctx, "channel:17", v2); err != nil {
+		t.Fatal(err)
+	}
+	j2, stored2 := storedPlain(t, rdb, "channel:17")
+	served.Store(second)
+	err := tab.Eval(ectx, srv.URL+"/", fetchJS("no-cache"), &got)
+	e, _ = rec.Last("/channel/17")
+	if err != nil {
+		t.Fatalf("%v\nthe exchange: request %v; response %d %v, %d bytes", err, e.RequestHeader, e.Status, e.Header, len(e.Body))
+	}
+	if ad, ae := e.RequestHeader.Get("Available-Dictionary"), e.RequestHeader.Get("Accept-Encoding"); ad != dictionaryOf(j1) || !strings.Contains(ae, "dcz") {
+		t.Errorf("the second fetch's Available-Dictionary %q, Accept-Encoding %q; want v1's %q, and dcz", ad, ae, dictionaryOf(j1))
+	}
+	if e.Status != 200 || e.Header.Get("Content-Encoding") != "dcz" {
+		t.Fatalf("the second fetch was answered %d, Content-Encoding %q; want 200, dcz", e.Status, e.Header.Get("Content-Encoding"))
+	}
+	if got.Messages != len(v2.Messages) || got.Last != v2.Messages[len(v2.Messages)-1].Text || got.Text != string(j2) {
+		t.Errorf("the page read %d messages ending %q, want v2's %d", got.Messages, got.Last, len(v2.Messages))
+	}
+	if got := undcz(t, e.Body, j1); !bytes.Equal(got, j2) {
+		t.Error("the dcz body sent does not decode to v2 with v1")
+	}
+	t.Logf("Chromium %s: v2 %d bytes of JSON, stored frame %d bytes, sent as dcz in %d", browser.Version(), len(j2), len(stored2)-1, len(e.Body))
+
+	// Revalidated again, v2 unchanged: the request names the dcz body's
+	// ETag and, at once or once Chromium keeps it, v2 as its dictionary;
+	// it is answered 304, not the whole value, and the page reads v2.
+	dczTag := e.Header.Get("Etag")
+	waitFor(t, 40*time.Second, "a revalidation naming v2 in Available-Dictionary", func() bool {
+		if err := tab.Eval(ectx, srv.URL+"/", fetchJS("no-cache"), &got); err != nil {
+			t.Fatal(err)
+		}
+		e, _ = rec.Last("/channel/17")
+		return e.RequestHeader.Get("Available-Dictionary") == dictionaryOf(j2)
+	})
+	if e.RequestHeader.Get("If-None-Match") != dczTag || e.Status != http.StatusNotModified || got.Text != string(j2) {
+		t.Errorf("revalidating v2: If-None-Match %q (the dcz ETag %s), status %d, the page read v2: %v",
+			e.RequestHeader.Get("If-None-Match"), dczTag, e.Status, got.Text == string(j2))
 	}
 }

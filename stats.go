@@ -56,7 +56,7 @@ type BreakerState struct {
 
 // ServeResponse is a kind of response Serve wrote: its status, and, for
 // a response about a body (200, 304 and 412), the body's content coding,
-// "zstd", "gzip" or "identity"; "" for the others (404, 405, 406, 500,
+// "zstd", "gzip", "identity" or "dcz" (Policy.Deltas); "" for the others (404, 405, 406, 500,
 // 503: an error's status as Serve chose it, whatever WithServeError
 // wrote).
 type ServeResponse struct {

@@ -1,6 +1,9 @@
 package httpenc
 
-import "strings"
+import (
+	"iter"
+	"strings"
+)
 
 // accepted holds the q-values, in thousandths, that a request's
 // Accept-Encoding gives the codings Serve sends, by coding.
@@ -18,23 +21,16 @@ func parseAcceptEncoding(values []string) accepted {
 	}
 	a := accepted{-1, -1, -1}
 	star := -1
-	for _, v := range values {
-		for elem := range strings.SplitSeq(v, ",") {
-			name, params, _ := strings.Cut(elem, ";")
-			q, ok := qValue(params)
-			if !ok {
-				continue // a malformed q: ignore the element
-			}
-			switch name = strings.TrimSpace(name); {
-			case strings.EqualFold(name, "zstd"):
-				a[codingZstd] = max(a[codingZstd], q)
-			case strings.EqualFold(name, "gzip"), strings.EqualFold(name, "x-gzip"):
-				a[codingGzip] = max(a[codingGzip], q)
-			case strings.EqualFold(name, "identity"):
-				a[codingIdentity] = max(a[codingIdentity], q)
-			case name == "*":
-				star = max(star, q)
-			}
+	for name, q := range acceptElems(values) {
+		switch {
+		case strings.EqualFold(name, "zstd"):
+			a[codingZstd] = max(a[codingZstd], q)
+		case strings.EqualFold(name, "gzip"), strings.EqualFold(name, "x-gzip"):
+			a[codingGzip] = max(a[codingGzip], q)
+		case strings.EqualFold(name, "identity"):
+			a[codingIdentity] = max(a[codingIdentity], q)
+		case name == "*":
+			star = max(star, q)
 		}
 	}
 	for _, k := range [...]int{codingZstd, codingGzip} {
@@ -51,6 +47,39 @@ func parseAcceptEncoding(values []string) accepted {
 		}
 	}
 	return a
+}
+
+// acceptsDcz reports whether the Accept-Encoding field values of a
+// request name dcz with a q-value above 0. Only a client that names it
+// gets it: "*" does not stand for dcz, which also needs a dictionary the
+// client says it has (see Delta).
+func acceptsDcz(values []string) bool {
+	for name, q := range acceptElems(values) {
+		if q > 0 && strings.EqualFold(name, "dcz") {
+			return true
+		}
+	}
+	return false
+}
+
+// acceptElems yields the codings of Accept-Encoding field values, each
+// with its q-value in thousandths; an element with a malformed q is left
+// out.
+func acceptElems(values []string) iter.Seq2[string, int] {
+	return func(yield func(string, int) bool) {
+		for _, v := range values {
+			for elem := range strings.SplitSeq(v, ",") {
+				name, params, _ := strings.Cut(elem, ";")
+				q, ok := qValue(params)
+				if !ok {
+					continue // a malformed q: ignore the element
+				}
+				if !yield(strings.TrimSpace(name), q) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // qValue returns the q parameter among params ("; q=0.5"), in

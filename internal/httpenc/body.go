@@ -31,6 +31,14 @@ func (b *Body) Coding() string {
 	return b.coding
 }
 
+// ETag is the body's strong entity tag, quoted; "" for a nil Body.
+func (b *Body) ETag() string {
+	if b == nil {
+		return ""
+	}
+	return b.etag
+}
+
 // noBody is the answer for a body that cannot be made: a stored value
 // that is not a zstd frame browsers take, or a serialized value too small
 // to compress or that the coding does not shrink. An Edge keeps it like a body, so

@@ -17,12 +17,17 @@
 //     in one coding always has the same.
 //   - An Edge keeps one body per coding: requests that race to make it
 //     all get the one kept, and the Source is told of its bytes once.
+//   - A dcz body (Delta, RFC 9842) is the value compressed against a
+//     version the client names in Available-Dictionary, sent only when
+//     the client names dcz in Accept-Encoding, the caller's Versions keeps
+//     that version, and the delta is smaller than the body Pick chose;
+//     anything else gets Pick's body. Offer offers a body as a dictionary.
 //   - A Body's bytes may be views of the stored value or of the serialized
 //     value: neither is copied, and neither may change while bodies of
 //     them are in use.
 //
 // The package holds every rule of Serve's negotiation (RFC 9110, sections
-// 8.8.3, 12.5.3, 13.1.2 and 15.4.5): a change to how Serve follows the
+// 8.8.3, 12.5.3, 13.1.2 and 15.4.5; RFC 9842): a change to how Serve follows the
 // RFC is made here.
 package httpenc
 

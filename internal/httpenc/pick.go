@@ -32,14 +32,21 @@ type Edge struct {
 	// bodies holds, by coding: the stored frame (or noBody), the
 	// serialized value gzipped (or noBody), the serialized value.
 	bodies [codings]atomic.Pointer[Body]
+	// plainSum is the serialized value's Sum, once a Delta needed it;
+	// deltas are the dcz bodies made against earlier versions (dcz.go).
+	plainSum atomic.Pointer[Sum]
+	deltas   deltaSet
 }
 
 // NewEdge returns an Edge for the value stored, as Redis holds it (its
 // header and payload; see FORMAT.md). Its bodies may be views of stored,
 // which must not change.
 func NewEdge(stored []byte) *Edge {
-	return &Edge{stored: stored}
+	return &Edge{stored: stored, deltas: deltaSet{max: maxDeltas}}
 }
+
+// Stored returns the value as Redis holds it, the bytes eg was made for.
+func (eg *Edge) Stored() []byte { return eg.stored }
 
 // Pick returns the body that r's Accept-Encoding prefers, or nil if it
 // accepts none the value has (Write answers nil with 406).

@@ -49,7 +49,7 @@ func Write(w http.ResponseWriter, r *http.Request, b *Body, contentType string) 
 		return http.StatusNotAcceptable, 0
 	}
 	h := w.Header()
-	addVary(h)
+	addVary(h, "Accept-Encoding")
 	h["Etag"] = []string{b.etag}
 	if status := preconditions(r, h, b.etag); status != 0 {
 		delete(h, "Content-Type")
@@ -135,15 +135,15 @@ func headerTime(r *http.Request, name string) (time.Time, bool) {
 	return t, err == nil
 }
 
-// addVary adds Accept-Encoding to the response's Vary, unless it is
-// there, or Vary is "*".
-func addVary(h http.Header) {
+// addVary adds field to the response's Vary, unless it is there, or Vary
+// is "*".
+func addVary(h http.Header, field string) {
 	for _, v := range h["Vary"] {
 		for f := range strings.SplitSeq(v, ",") {
-			if f = strings.TrimSpace(f); f == "*" || strings.EqualFold(f, "Accept-Encoding") {
+			if f = strings.TrimSpace(f); f == "*" || strings.EqualFold(f, field) {
 				return
 			}
 		}
 	}
-	h.Add("Vary", "Accept-Encoding")
+	h.Add("Vary", field)
 }

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +48,18 @@ type serveSubject struct {
 	codec   codec.Codec
 	serve   bool // Cache.Serve; else Get and json.Encoder
 	loadAll bool // every request loads (DoNotCache): a value just loaded
+	// deltas: Policy.Deltas, and the key holds v2, the channel plus one
+	// message, after a Serve of v1 kept v1 in Redis; its clients are
+	// deltaAccepts.
+	deltas bool
+}
+
+// The clients of the deltas subject: one that takes zstd alone, which
+// gets the stored frame, and Chromium holding v1 (Available-Dictionary
+// names it).
+var deltaAccepts = []struct{ name, header string }{
+	{"zstd only", "zstd"},
+	{"Chromium holding v1", "gzip, deflate, br, zstd, dcb, dcz"},
 }
 
 // A serveRow is one subject and client measured.
@@ -78,6 +94,7 @@ func (e *env) suiteServe(ctx context.Context) error {
 		{name: "Serve", serve: true},
 		{name: "Serve, LZ4 value", near: true, serve: true, codec: codec.LZ4},
 		{name: "Serve, value just loaded (DoNotCache)", serve: true, loadAll: true},
+		{name: "Serve with Deltas, v1 + one message (ZstdDefault)", near: true, serve: true, codec: codec.ZstdDefault, deltas: true},
 	}
 	// Every subject and client is set up first, and the reps go round
 	// them all in turn, so that a slow moment of the machine's spreads
@@ -90,7 +107,10 @@ func (e *env) suiteServe(ctx context.Context) error {
 	}()
 	for _, s := range subjects {
 		accepts := serveAccepts
-		if !s.serve {
+		switch {
+		case s.deltas:
+			accepts = deltaAccepts
+		case !s.serve:
 			accepts = accepts[2:] // it sends identity whatever the client says
 		}
 		for _, a := range accepts {
@@ -140,6 +160,8 @@ func (e *env) suiteServe(ctx context.Context) error {
 	}
 	base, z := find("Get + json.Encoder", true, "identity"), find("Serve", true, "zstd")
 	speed, share := z.rps.med/base.rps.med, float64(z.wire)/float64(base.wire)
+	full, delta := find(subjects[len(subjects)-1].name, true, deltaAccepts[0].name), find(subjects[len(subjects)-1].name, true, deltaAccepts[1].name)
+	dspeed, dshare := delta.rps.med/full.rps.med, float64(delta.body)/float64(full.body)
 	e.printTargets("serve: targets", []target{
 		{"with the near cache, Serve to 16 zstd clients ≥ 3× the requests/s of Get + json.Encoder",
 			fmt.Sprintf("%.0f vs %.0f requests/s = %.1f×", z.rps.med, base.rps.med, speed), speed >= 3},
@@ -147,6 +169,10 @@ func (e *env) suiteServe(ctx context.Context) error {
 			fmt.Sprintf("%d vs %d bytes = %.2f×", z.wire, base.wire, share), share <= 0.35},
 		{"with the near cache, Serve to zstd clients: 0 Redis GETs",
 			fmt.Sprintf("%d per 1,000 requests", z.redisGets), z.redisGets == 0 && z.coding == "zstd"},
+		{"Deltas: a client holding v1 gets v2 (one message more) as dcz in ≤ 0.05× the stored zstd frame",
+			fmt.Sprintf("%d vs %d body bytes = %.4f×", delta.body, full.body, dshare), dshare <= 0.05 && delta.coding == "dcz"},
+		{"Deltas: 16 clients holding v1 get dcz at ≥ 0.5× the requests/s of the zstd passthrough",
+			fmt.Sprintf("%.0f vs %.0f requests/s = %.2f×", delta.rps.med, full.rps.med, dspeed), dspeed >= 0.5},
 	})
 	return nil
 }
@@ -178,6 +204,9 @@ func (e *env) newServeRunner(ctx context.Context, s serveSubject, client, accept
 	}
 	if s.near {
 		opts = append(opts, packcache.WithLocalCache(nearLocal))
+	}
+	if s.deltas {
+		opts = append(opts, packcache.WithPrefix("", packcache.Policy{Deltas: 10 * time.Minute}))
 	}
 	if s.loadAll {
 		opts = append(opts, packcache.WithLoader(packcache.LoaderFunc[Channel](func(context.Context, string) (Channel, error) {
@@ -213,6 +242,9 @@ func (e *env) newServeRunner(ctx context.Context, s serveSubject, client, accept
 		tr.CloseIdleConnections()
 		srv.Close()
 		c.Close()
+		if s.deltas {
+			e.rdb.Del(context.Background(), versionsKey(key)) // not under the benchmark's prefix
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -221,6 +253,11 @@ func (e *env) newServeRunner(ctx context.Context, s serveSubject, client, accept
 	}()
 	r.fetch = func(ctx context.Context) (int64, string, error) {
 		return httpbench.Fetch(ctx, hc, srv.URL, accept, io.Discard)
+	}
+	if s.deltas {
+		if r.fetch, err = e.deltaFetch(ctx, c, key, ch, hc, srv.URL, accept); err != nil {
+			return nil, err
+		}
 	}
 	for range 2 {
 		if _, _, err := r.fetch(ctx); err != nil {
@@ -292,4 +329,61 @@ func (r *serveRunner) result() (serveRow, error) {
 	row.body, row.wire = r.body/r.requests, r.wire/r.requests
 	row.redisGets = r.redisGET * 1000 / r.requests
 	return row, nil
+}
+
+// versionsKey is the key of the versions Serve keeps of key with
+// Policy.Deltas (FORMAT.md section 10), for a key without '}'.
+func versionsKey(key string) string { return "packcache:dcz:{" + key + "}" }
+
+// deltaFetch readies key, which holds ch, for the deltas subject: a Serve
+// of ch (v1) to a Chromium client, which keeps v1 in Redis, then ch plus
+// one message (v2) stored. It returns the fetch of the clients sending
+// accept, holding v1 if accept names dcz.
+func (e *env) deltaFetch(ctx context.Context, c *packcache.Cache[Channel], key string, ch Channel, hc *http.Client, url, accept string) (func(context.Context) (int64, string, error), error) {
+	if _, _, err := httpbench.Fetch(ctx, hc, url, deltaAccepts[1].header, io.Discard); err != nil {
+		return nil, err
+	}
+	stored, err := e.rdb.Get(ctx, key).Bytes()
+	if err != nil {
+		return nil, err
+	}
+	v1, err := codec.DecodeValue(nil, stored, 64<<20)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(v1)
+	for deadline := time.Now().Add(nearWait); !e.rdb.HExists(ctx, versionsKey(key), hex.EncodeToString(sum[:])).Val(); {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("v1 of %s not kept in Redis within %v", key, nearWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	last := ch.Messages[len(ch.Messages)-1]
+	v2 := ch
+	v2.Messages = append(append([]Message(nil), ch.Messages...), Message{ID: last.ID + 1, Author: "student0001",
+		Text: "the exam room is 204, not 201", Sent: last.Sent.Add(time.Minute)})
+	if err := c.Set(ctx, key, v2); err != nil {
+		return nil, err
+	}
+	available := ":" + base64.StdEncoding.EncodeToString(sum[:]) + ":"
+	return func(ctx context.Context) (int64, string, error) {
+		req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+		if err != nil {
+			return 0, "", err
+		}
+		req.Header.Set("Accept-Encoding", accept)
+		if strings.Contains(accept, "dcz") {
+			req.Header.Set("Available-Dictionary", available)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		n, err := io.Copy(io.Discard, resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: status %d", url, resp.StatusCode)
+		}
+		return n, resp.Header.Get("Content-Encoding"), err
+	}, nil
 }
