@@ -26,8 +26,8 @@ import (
 // key is on the node of the write: on a single node, or on a Cluster
 // when both keys' slots are the same master's. Elsewhere (a Ring, a
 // Cluster's other node, a client of another kind) it would be a call to
-// another node on every write, and such writes rely on the publication
-// once a minute (dictset.Writer.Published).
+// another node on every write, and such writes rely on the writer's check
+// once a second (dictset.Writer.Published).
 func (r *remote) dictCheck(ctx context.Context, key string, p *policy, stored []byte) string {
 	if p.dict == nil || len(stored) == 0 || stored[0] != codec.HeaderZstdDict {
 		return "" // the policy writes with a dictionary only values with its header

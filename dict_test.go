@@ -802,3 +802,49 @@ func BenchmarkDictionaryComesBack(b *testing.B) {
 	b.ReportMetric(float64(sets)/float64(b.N), "sets-to-back")
 	b.ReportMetric(toRead.Seconds()/float64(b.N), "s-to-read")
 }
+
+// TestDictionaryComesBackThroughLoads: a writer whose every write is a
+// SetMany or a read-through load (no write of which asks Redis in its own
+// round trip whether it holds the dictionary) asks it once a second, and
+// puts the dictionary back on the write that finds it missing: a deleted
+// dictionary is back after a few writes, not after a minute of them.
+func TestDictionaryComesBackThroughLoads(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	d := profileDictionary(t, 61)
+	dk := codec.DictionaryKey(dictID(t, d))
+	vs := profiles(40, 62)
+	w := mustNew[json.RawMessage](t, rdb, packcache.WithPrefix("p:", packcache.Policy{Dictionary: d}),
+		packcache.WithLoader(packcache.LoaderFunc[json.RawMessage](func(_ context.Context, key string) (json.RawMessage, error) {
+			i, _ := strconv.Atoi(key[strings.LastIndexByte(key, ':')+1:])
+			return mustJSON(t, vs[i%len(vs)]), nil
+		})))
+	for _, how := range []string{"SetMany", "load"} {
+		if _, err := w.Get(ctx, "p:first:0"); err != nil { // published by a first write
+			t.Fatal(err)
+		}
+		if err := rdb.Del(ctx, dk).Err(); err != nil {
+			t.Fatal(err)
+		}
+		writes := 0
+		waitFor(t, 20*time.Second, how+" writes putting the dictionary back", func() bool {
+			writes++
+			k := fmt.Sprintf("p:%s:%d", how, writes)
+			var err error
+			if how == "SetMany" {
+				err = w.SetMany(ctx, map[string]json.RawMessage{k: mustJSON(t, vs[writes%len(vs)])})
+			} else {
+				_, err = w.Get(ctx, k)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rdb.Exists(ctx, dk).Val() == 1
+		})
+		if got := rdb.Get(ctx, dk).Val(); got != string(parsed(t, d).Bytes()) {
+			t.Fatalf("%s: %s holds %d bytes, want the dictionary", how, dk, len(got))
+		}
+		t.Logf("%s: the dictionary back after %d writes", how, writes)
+	}
+}

@@ -119,9 +119,9 @@ type Policy struct {
 	// value is kept (see Get). A dictionary evicted (allkeys-lru), deleted
 	// or lost in a restart comes back: a Set written with it learns in its
 	// own round trip that Redis lacks it and publishes it again before it
-	// returns (where both keys are on one node: docs/dictionaries.md), and
-	// a writer publishes it again once a minute while it writes with it in
-	// any case. If the first publication fails,
+	// returns (where both keys are on one node: docs/dictionaries.md),
+	// and any other write finds it missing within a second (a writer asks
+	// Redis once a second whether it holds it). If the first publication fails,
 	// the value is stored without the dictionary (zstd at the same level,
 	// or plain), the error goes to the error handler, and a write a second
 	// later tries again: no value is stored with a dictionary Redis may not

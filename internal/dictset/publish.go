@@ -20,6 +20,7 @@ type Writer struct {
 	mu        sync.Mutex   // one publication at a time
 	published atomic.Int64 // unix nanoseconds of the last publication that succeeded; 0: none; lost: due again
 	failed    atomic.Int64 // unix nanoseconds of the last that Redis failed
+	checked   atomic.Int64 // unix nanoseconds of the last check that Redis holds it (checkEvery)
 }
 
 // lost is published's value once a write found Redis without the
@@ -47,7 +48,9 @@ return 1`)
 // Published reports whether a write may use w's dictionary: whether Redis
 // holds it, as far as this process knows. The first write publishes it
 // through r (the writes that come meanwhile wait for it), and a write
-// publishes it again once a minute, and after Lost (the others go on). A publication that
+// publishes it again once a minute, after Lost, and when a check that
+// Redis holds it, made by one write a second (checkEvery), finds it
+// missing (the others go on). A publication that
 // failed is returned as err, for the caller to report; if the dictionary
 // was never published, Published reports false, the value is to be stored
 // without the dictionary, and so are the writes of the next second when
@@ -57,7 +60,10 @@ func (w *Writer) Published(ctx context.Context, r Redis) (ok bool, err error) {
 	now := time.Now().UnixNano()
 	switch {
 	case last != 0 && now-last < int64(republishEvery):
-		return true, nil
+		if now-w.checked.Load() < int64(checkEvery) || w.held(r, now) || !w.published.CompareAndSwap(last, lost) {
+			return true, nil
+		}
+		return w.Published(ctx, r) // lost: published again now
 	case now-w.failed.Load() < int64(retryAfter):
 		return last != 0, nil
 	case last != 0:
@@ -76,7 +82,9 @@ func (w *Writer) Published(ctx context.Context, r Redis) (ok bool, err error) {
 	dk := w.key
 	err = r.RunScript(ctx, publishScript, dk, w.d.Bytes())
 	if err == nil {
-		w.published.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		w.checked.Store(now) // it holds it now
+		w.published.Store(now)
 		return true, nil
 	}
 	if r.Failed(err) {
@@ -87,6 +95,22 @@ func (w *Writer) Published(ctx context.Context, r Redis) (ok bool, err error) {
 		what = "again"
 	}
 	return last != 0, fmt.Errorf("publishing zstd dictionary %s, %s: %w", dk, what, err)
+}
+
+// held reports whether Redis holds w's dictionary, asking it at most once
+// per checkEvery, by one write at a time (the others go on): true unless
+// Redis said it does not. A check that failed says nothing, and the
+// minute's publication still comes.
+func (w *Writer) held(r Redis, now int64) bool {
+	if !w.mu.TryLock() {
+		return true
+	}
+	defer w.mu.Unlock()
+	if last := w.checked.Load(); now-last < int64(checkEvery) || !w.checked.CompareAndSwap(last, now) {
+		return true
+	}
+	b, err := r.GetRange(w.key, 0, 0)
+	return err != nil || len(b) > 0
 }
 
 // Lost tells w that a write found Redis without its dictionary (evicted,

@@ -262,3 +262,44 @@ func TestLost(t *testing.T) {
 		t.Fatalf("the next write after the second: %s exists %d, %d publications; want it back, 5", key, n, r.scripts.Load())
 	}
 }
+
+// TestCheckedEverySecond: a writer whose writes never learn that Redis
+// lost the dictionary (SetMany, loads, another node's keys) asks Redis
+// once a second, with a one-byte GETRANGE, whether it holds it, and
+// publishes it again on the write that finds it missing; within the
+// second, writes ask nothing.
+func TestCheckedEverySecond(t *testing.T) {
+	t.Parallel()
+	_, r := newClient(t)
+	ctx := context.Background()
+	d := trained(t, 3)
+	w := writer(t, d)
+	if ok, err := w.Published(ctx, r); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	r.rdb.Del(ctx, w.Key())
+	for range 20 {
+		if ok, err := w.Published(ctx, r); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	if n, m := r.getRanges.Load(), r.scripts.Load(); n != 0 || m != 1 {
+		t.Fatalf("within the second of the publication: %d checks, %d publications; want 0 and 1", n, m)
+	}
+	w.checked.Add(-int64(checkEvery)) // the second has passed
+	for range 20 {
+		if ok, err := w.Published(ctx, r); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	if n, m := r.getRanges.Load(), r.scripts.Load(); n != 1 || m != 2 {
+		t.Fatalf("after the second: %d checks, %d publications; want 1 and 2", n, m)
+	}
+	if got, _ := r.rdb.Get(ctx, w.Key()).Bytes(); !bytes.Equal(got, d.Bytes()) {
+		t.Fatalf("the check did not put the dictionary back: %d bytes", len(got))
+	}
+	w.checked.Add(-int64(checkEvery))
+	if ok, err := w.Published(ctx, r); !ok || err != nil || r.getRanges.Load() != 2 || r.scripts.Load() != 2 {
+		t.Fatalf("a check that finds it held: %v, %v, %d checks, %d publications; want 2 and 2", ok, err, r.getRanges.Load(), r.scripts.Load())
+	}
+}

@@ -60,6 +60,14 @@ const (
 	// written with it, also by writes that do not check for it (see
 	// Writer.Lost).
 	republishEvery = time.Minute
+
+	// checkEvery is how often a writer asks Redis whether it still holds
+	// the dictionary (a GETRANGE of one byte, on the node that holds it),
+	// on a write that did not learn it in its own round trip (see
+	// Writer.Published): a dictionary lost while every write is a SetMany,
+	// a load, or on another node is published again within a second of a
+	// write, not a minute.
+	checkEvery = time.Second
 )
 
 // A Set is a cache's dictionaries by id: its policies' own and those it
