@@ -646,19 +646,21 @@ func newCache(rdb redis.UniversalClient, k kind, opts []Option) (*cache, error) 
 }
 
 // checkClient refuses a go-redis client that ignores context deadlines,
-// and one whose own client-side cache is on.
+// and one whose own client-side cache is on. A client is known by its
+// Options method, so that a type embedding one of go-redis's is checked
+// as that client is.
 func checkClient(rdb redis.UniversalClient) error {
 	var on bool
 	switch c := rdb.(type) {
-	case *redis.Client:
+	case interface{ Options() *redis.Options }:
 		o := c.Options()
 		on = o.ContextTimeoutEnabled
 		if o.ClientSideCacheConfig != nil || !isNil(o.ClientSideCache) {
 			return ErrClientSideCache
 		}
-	case *redis.ClusterClient:
+	case interface{ Options() *redis.ClusterOptions }:
 		on = c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
+	case interface{ Options() *redis.RingOptions }:
 		on = c.Options().ContextTimeoutEnabled
 	default:
 		return nil // a client of another kind: its deadlines are its own

@@ -1286,6 +1286,7 @@ func TestNewRefusesClientIgnoringDeadlines(t *testing.T) {
 		"client":  redis.NewClient(&redis.Options{Addr: s.Addr()}),
 		"cluster": redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{s.Addr()}}),
 		"ring":    redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": s.Addr()}}),
+		"wrapped": wrappedClient{redis.NewClient(&redis.Options{Addr: s.Addr()})},
 	} {
 		if _, err := packcache.New[Channel](rdb); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
 			t.Errorf("%s: New = %v, want an error naming ContextTimeoutEnabled", name, err)
@@ -1308,6 +1309,8 @@ func TestNewRefusesClientSideCache(t *testing.T) {
 			ClientSideCache: redis.NewLocalCache(redis.CacheConfig{MaxEntries: 100})}),
 		"universal": redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{s.Addr()}, Protocol: 3, ContextTimeoutEnabled: true,
 			ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 100}}),
+		"wrapped": wrappedClient{redis.NewClient(&redis.Options{Addr: s.Addr(), Protocol: 3, ContextTimeoutEnabled: true,
+			ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 100}})},
 	} {
 		c, err := packcache.New[Channel](rdb)
 		if !errors.Is(err, packcache.ErrClientSideCache) || !strings.Contains(err.Error(), "ClientSideCacheConfig") {
@@ -1391,3 +1394,7 @@ func TestScriptFlush(t *testing.T) {
 		t.Errorf("Get of the invalidated member = %s, %v; want it loaded again", v, err)
 	}
 }
+
+// wrappedClient is an application's own type over a go-redis client, as
+// services wrap one for metrics or naming.
+type wrappedClient struct{ *redis.Client }
