@@ -2,6 +2,7 @@ package packcache_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,8 +10,11 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
@@ -235,20 +239,107 @@ func TestGetManySetMany(t *testing.T) {
 	})
 }
 
+// TestSetDuringGetIsSeen attacks Set's promise that no Get of this process
+// that starts after Set returns gets an older value: a Get whose GET has
+// read the old value in Redis is held before it hears the reply; Set then
+// stores a new value, and a Get begun after Set returned must read it
+// rather than join the held read (Set detaches it). The held Get, begun
+// before Set, may return either. Without a loader and with one.
 func TestSetDuringGetIsSeen(t *testing.T) {
 	t.Parallel()
-	_, rdb := single(t)
-	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb)
-	for i := range 50 {
-		want := Channel{ID: fmt.Sprint(i)}
-		if err := c.Set(ctx, "k", want); err != nil {
-			t.Fatal(err)
+	for _, readThrough := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readThrough=%v", readThrough), func(t *testing.T) {
+			t.Parallel()
+			s := redistest.Start(t)
+			hook := &holdGetHook{held: make(chan struct{}), release: make(chan struct{})}
+			rdb := s.Client(t)
+			rdb.AddHook(hook)
+			ctx := ctxT(t)
+			var opts []packcache.Option
+			if readThrough {
+				opts = append(opts, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+					return Channel{ID: "loaded"}, nil
+				})))
+			}
+			c := mustNew[Channel](t, rdb, opts...)
+			if err := c.Set(ctx, "k", Channel{ID: "old"}); err != nil {
+				t.Fatal(err)
+			}
+			hook.armed.Store(true)
+			first := make(chan error, 1)
+			go func() { _, err := c.Get(ctx, "k"); first <- err }()
+			<-hook.held // the GET has read "old"; its reply is held
+			if err := c.Set(ctx, "k", Channel{ID: "new"}); err != nil {
+				t.Fatal(err)
+			}
+			type got struct {
+				v   Channel
+				err error
+			}
+			second := make(chan got, 1)
+			go func() { v, err := c.Get(ctx, "k"); second <- got{v, err} }()
+			// The held read is released once the second Get has either
+			// read on its own (and returned) or joined it (and waits for
+			// it): either way its answer is then decided.
+			var g got
+			returned := false
+			waitFor(t, 30*time.Second, "the second Get to return or join the held read", func() bool {
+				select {
+				case g = <-second:
+					returned = true
+					return true
+				default:
+					return c.Stats().CoalescedWaits > 0
+				}
+			})
+			close(hook.release)
+			if !returned {
+				g = <-second
+			}
+			if err := <-first; err != nil {
+				t.Errorf("the Get begun before Set: %v", err)
+			}
+			if g.err != nil || g.v.ID != "new" {
+				t.Fatalf("Get begun after Set returned = %q, %v; want %q", g.v.ID, g.err, "new")
+			}
+		})
+	}
+}
+
+// holdGetHook holds the reply of the first read it sees while armed (a
+// GET, or the SET NX GET of a read that places a lease) until release is
+// closed, telling held once the read has run in Redis: a read done in
+// Redis whose caller has not yet heard, at a known point.
+type holdGetHook struct {
+	armed         atomic.Bool
+	held, release chan struct{}
+}
+
+func (h *holdGetHook) hold(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		args := cmd.Args()
+		read := cmd.Name() == "get" || cmd.Name() == "set" && fmt.Sprint(args[len(args)-1]) == "get"
+		if read && h.armed.CompareAndSwap(true, false) {
+			close(h.held)
+			<-h.release
+			return
 		}
-		got, err := c.Get(ctx, "k")
-		if err != nil || got.ID != want.ID {
-			t.Fatalf("after Set %d, Get = %v, %v", i, got.ID, err)
-		}
+	}
+}
+
+func (h *holdGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.hold(cmds...)
+		return err
+	}
+}
+func (h *holdGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.hold(cmd)
+		return err
 	}
 }
 
