@@ -101,7 +101,9 @@ func TestThresholdBoundary(t *testing.T) {
 	}
 }
 
-func TestCompressAboveZeroCompressesEverything(t *testing.T) {
+// TestCompressAllCompressesSmallValues: CompressAll, as the threshold,
+// compresses a value far below the default 1 KiB.
+func TestCompressAllCompressesSmallValues(t *testing.T) {
 	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
@@ -110,6 +112,47 @@ func TestCompressAboveZeroCompressesEverything(t *testing.T) {
 	c.Set(ctx, "k", v)
 	if b := rawGet(t, rdb, "k"); b[0] != codec.HeaderZstd {
 		t.Fatalf("stored %#x..., want zstd", b[0])
+	}
+}
+
+// TestCompressAboveZeroIsTheDefault: WithCompressAbove(0) means the
+// default threshold, 1024 bytes: a value of 1024 bytes is stored plain and
+// one of 1025 compressed, as without the option; it neither compresses
+// everything nor turns compression off. In a Policy, zero inherits the
+// cache's threshold.
+func TestCompressAboveZeroIsTheDefault(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	zero := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(0), packcache.WithCodec(codec.LZ4))
+	none := mustNew[[]byte](t, rdb, packcache.WithCodec(codec.LZ4))
+	inherit := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(256), packcache.WithCodec(codec.LZ4),
+		packcache.WithPrefix("p:", packcache.Policy{CompressAbove: 0}))
+	cases := []struct {
+		c     *packcache.Cache[[]byte]
+		key   string
+		n     int
+		plain bool
+	}{
+		{zero, "zero:at", 1024, true},
+		{zero, "zero:above", 1025, false},
+		{zero, "zero:small", 300, true},
+		{none, "none:at", 1024, true},
+		{none, "none:above", 1025, false},
+		{inherit, "p:at", 256, true},
+		{inherit, "p:above", 257, false},
+	}
+	for _, tc := range cases {
+		if err := tc.c.Set(ctx, tc.key, jsonText(tc.n)); err != nil {
+			t.Fatal(err)
+		}
+		b := rawGet(t, rdb, tc.key)
+		if plain := b[0] == '"' && len(b) == tc.n; plain != tc.plain {
+			t.Errorf("%s: %d bytes stored as %d bytes starting %#x; want plain %v", tc.key, tc.n, len(b), b[0], tc.plain)
+		}
+		if !tc.plain && b[0] != codec.HeaderLZ4 {
+			t.Errorf("%s: stored starting %#x, want the LZ4 header", tc.key, b[0])
+		}
 	}
 }
 
