@@ -413,7 +413,7 @@ func TestPoolExhaustion(t *testing.T) {
 	}
 	baseline := runtime.NumGoroutine()
 	const n = 5000
-	var okN, missN, poolN, otherRedisN atomic.Int64
+	var okN, missN, poolN, otherRedisN, started atomic.Int64
 	var mu sync.Mutex
 	var bad []string
 	s.Pause(t)
@@ -424,6 +424,7 @@ func TestPoolExhaustion(t *testing.T) {
 			k := fmt.Sprintf("pool:%d", i)
 			cctx, cancel := context.WithTimeout(ctx, time.Minute) // two connections serve them all, one after another
 			defer cancel()
+			started.Add(1)
 			v, err := c.Get(cctx, k)
 			switch {
 			case err == nil && v.ID == k:
@@ -445,6 +446,9 @@ func TestPoolExhaustion(t *testing.T) {
 			}
 		})
 	}
+	// Every Get under way before the server resumes, and for longer than
+	// the pool's timeout: a gap in time, not a wait for the Gets.
+	waitFor(t, time.Minute, "every Get under way", func() bool { return started.Load() == n })
 	time.Sleep(300*time.Millisecond - time.Since(start))
 	s.Resume(t)
 	finished := make(chan struct{})
