@@ -210,17 +210,19 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 }
 
 // TestCloseBoundedByLoadTimeout: a loader that ignores its context keeps
-// its goroutine, but not Close: Close returns after about the load timeout
-// plus the Redis budget and says what is still running.
+// its goroutine, but not Close: Close returns, after about the load
+// timeout plus the Redis budget, while the loader still runs, and says
+// what is still running. (The loader blocks until Close has returned: the
+// test judges that order, not Close's time.)
 func TestCloseBoundedByLoadTimeout(t *testing.T) {
 	redistest.RequireServer(t, "waits on timings and goroutine counts an embedded miniredis would change")
 	_, rdb := single(t)
 	ctx := ctxT(t)
-	done := make(chan struct{})
+	release, done := make(chan struct{}), make(chan struct{})
 	c, err := packcache.New[Channel](rdb, packcache.WithLoadTimeout(200*time.Millisecond), packcache.WithRedisTimeout(100*time.Millisecond),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			defer close(done)
-			time.Sleep(1500 * time.Millisecond) // ignores ctx
+			<-release // ignores ctx
 			return Channel{ID: key}, nil
 		})))
 	if err != nil {
@@ -229,19 +231,22 @@ func TestCloseBoundedByLoadTimeout(t *testing.T) {
 	if _, err := c.Get(ctx, "stubborn"); !errors.Is(err, packcache.ErrLoadTimeout) {
 		t.Fatalf("Get: %v, want ErrLoadTimeout", err)
 	}
-	start := time.Now()
-	err = c.Close()
-	took := time.Since(start)
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err = <-closed:
+	case <-time.After(time.Minute):
+		close(release)
+		t.Fatal("Close still waiting a minute later for a loader that ignores its context")
+	}
 	if err == nil || !strings.Contains(err.Error(), "still running") {
 		t.Errorf("Close with a loader ignoring its context: %v", err)
 	}
-	if took > time.Second {
-		t.Errorf("Close took %v, want about the load timeout and budget", took)
-	}
+	close(release)
 	<-done
 	// The late value is not stored (its load timed out), and its lease is
 	// removed once the loader returns.
-	for deadline := time.Now().Add(2 * time.Second); rdb.Exists(ctx, "stubborn").Val() != 0; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); rdb.Exists(ctx, "stubborn").Val() != 0; time.Sleep(10 * time.Millisecond) {
 		if raw := rdb.Get(ctx, "stubborn").Val(); raw == "" || raw[0] != 0x0c || time.Now().After(deadline) {
 			t.Fatalf("after a load past its timeout the key holds %q", raw)
 		}

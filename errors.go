@@ -130,8 +130,8 @@ var (
 // a waiting caller, is an *Error.
 type Error struct {
 	Op  string // "get", "set", "delete", "load", "lease"
-	Key string
-	Err error
+	Key string // the key, as the caller gave it
+	Err error  // the cause, which errors.Is and errors.As see through
 }
 
 func (e *Error) Error() string {

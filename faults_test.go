@@ -413,7 +413,7 @@ func TestPoolExhaustion(t *testing.T) {
 	}
 	baseline := runtime.NumGoroutine()
 	const n = 5000
-	var okN, missN, poolN, otherRedisN atomic.Int64
+	var okN, missN, poolN, otherRedisN, started atomic.Int64
 	var mu sync.Mutex
 	var bad []string
 	s.Pause(t)
@@ -424,6 +424,7 @@ func TestPoolExhaustion(t *testing.T) {
 			k := fmt.Sprintf("pool:%d", i)
 			cctx, cancel := context.WithTimeout(ctx, time.Minute) // two connections serve them all, one after another
 			defer cancel()
+			started.Add(1)
 			v, err := c.Get(cctx, k)
 			switch {
 			case err == nil && v.ID == k:
@@ -445,6 +446,9 @@ func TestPoolExhaustion(t *testing.T) {
 			}
 		})
 	}
+	// Every Get under way before the server resumes, and for longer than
+	// the pool's timeout: a gap in time, not a wait for the Gets.
+	waitFor(t, time.Minute, "every Get under way", func() bool { return started.Load() == n })
 	time.Sleep(300*time.Millisecond - time.Since(start))
 	s.Resume(t)
 	finished := make(chan struct{})
@@ -683,39 +687,8 @@ func writeTestPKI(t *testing.T, dir string) (caPEM []byte, certFile, keyFile str
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), certFile, keyFile
 }
 
-// slowGetHook delays the reply of the first GET it sees while armed, as a
-// descheduled goroutine or a slow network would: the read is done in Redis
-// but its caller has not yet heard.
-type slowGetHook struct {
-	armed atomic.Bool
-	delay time.Duration
-}
-
-func (h *slowGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *slowGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			if cmd.Name() == "get" && h.armed.CompareAndSwap(true, false) {
-				time.Sleep(h.delay)
-				break
-			}
-		}
-		return err
-	}
-}
-func (h *slowGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if cmd.Name() == "get" && h.armed.CompareAndSwap(true, false) {
-			time.Sleep(h.delay)
-		}
-		return err
-	}
-}
-
 // TestFaultSlowReadAfterWrite: a loader-less Get whose GET has run (a miss)
-// but whose reply is slow is still under way when a write to the key
+// but whose reply is held (holdGetHook) is still under way when a write to the key
 // completes in this process. A Get that begins after the write returned must
 // see the write, not join the stale read. Set and Delete end the sharing of
 // reads under way (forget); a GetOrLoad whose load stores must too.
@@ -724,7 +697,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 	for _, write := range []string{"Set", "GetOrLoad"} {
 		t.Run(write, func(t *testing.T) {
 			s := redistest.Start(t)
-			hook := &slowGetHook{delay: 300 * time.Millisecond}
+			hook := newHoldGetHook()
 			rdb := s.Client(t)
 			rdb.AddHook(hook)
 			ctx := ctxT(t)
@@ -732,7 +705,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			hook.armed.Store(true)
 			first := make(chan error, 1)
 			go func() { _, err := c.Get(ctx, "k"); first <- err }()
-			waitFor(t, 5*time.Second, "the slow GET sent", func() bool { return !hook.armed.Load() })
+			<-hook.held // the GET has run (a miss); its reply is held
 			want := Channel{ID: "written"}
 			switch write {
 			case "Set":
@@ -748,7 +721,14 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			if raw := rawGet(t, rdb, "k"); len(raw) == 0 {
 				t.Fatal("write not stored")
 			}
-			v, err := c.Get(ctx, "k")
+			joinedBefore := c.Stats().CoalescedWaits
+			var v Channel
+			var err error
+			done := make(chan struct{})
+			go func() { v, err = c.Get(ctx, "k"); close(done) }()
+			waitDecided(t, done, func() bool { return c.Stats().CoalescedWaits > joinedBefore })
+			close(hook.release)
+			<-done
 			if e := <-first; !errors.Is(e, packcache.ErrMiss) {
 				t.Errorf("the slow Get begun before the write: %v, want ErrMiss", e)
 			}
@@ -939,20 +919,23 @@ func TestClusterHungBeforeSlotMap(t *testing.T) {
 	}
 }
 
-// Share window 0 with the breaker open: no read at all, yet a Get arriving
-// much later shares the first Get's loader call.
-func TestWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
+// TestWindowOffLoadsAgainWhenBreakerOpen: with WithShareWindow(Off) and
+// the breaker open, a read-through Get does not join the load of its key
+// another Get began (Get's doc: with WithShareWindow(Off), it starts its
+// own): the second Get, begun while the first's load is held, calls the
+// loader itself.
+func TestWindowOffLoadsAgainWhenBreakerOpen(t *testing.T) {
 	t.Parallel()
 	s, rdb := single(t)
 	ctx := ctxT(t)
 	var calls atomic.Int64
-	first := make(chan struct{}, 1)
+	first, release := make(chan struct{}), make(chan struct{})
 	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 		n := calls.Add(1)
-		if n == 1 {
-			first <- struct{}{} // the first Get's load has begun
+		if n == 1 && key == "k" {
+			close(first) // the first Get's load has begun
+			<-release
 		}
-		time.Sleep(400 * time.Millisecond) // the load's cost
 		return "load" + strconv.FormatInt(n, 10), nil
 	})
 	c := mustNew[string](t, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(1, time.Minute),
@@ -963,12 +946,17 @@ func TestWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
 	done := make(chan string, 2)
 	go func() { v, _ := c.Get(ctx, "k"); done <- v }()
 	<-first
-	time.Sleep(200 * time.Millisecond) // much later, while the first load still runs
-	go func() { v, _ := c.Get(ctx, "k"); done <- v }()
+	joinedBefore := c.Stats().CoalescedWaits
+	secondDone := make(chan struct{})
+	go func() { v, _ := c.Get(ctx, "k"); done <- v; close(secondDone) }()
+	// Released once the second Get has loaded on its own (and returned)
+	// or joined the first's load.
+	waitDecided(t, secondDone, func() bool { return c.Stats().CoalescedWaits > joinedBefore })
+	close(release)
 	a, b := <-done, <-done
 	t.Logf("values %q %q, loader calls %d", a, b, calls.Load())
 	if calls.Load() != 2 {
-		t.Errorf("with share window 0, a Get 200ms after another shared its loader call (no read was in flight)")
+		t.Errorf("with share window Off and the breaker open, a Get begun during another's load shared its loader call (%d calls)", calls.Load())
 	}
 }
 
@@ -1245,11 +1233,19 @@ func TestSlowLoadsAreNotRedisFailures(t *testing.T) {
 	var slow atomic.Bool
 	var returned atomic.Int64
 	slow.Store(true)
+	release := make(chan struct{}) // the slow loaders return once every Get has timed out
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
 	c := mustNew[Channel](t, rdb, packcache.WithLoadTimeout(50*time.Millisecond), packcache.WithCircuitBreaker(2, time.Minute),
 		packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
 			if slow.Load() {
 				defer returned.Add(1)
-				time.Sleep(120 * time.Millisecond) // ignores ctx
+				<-release // ignores ctx
 			}
 			return Channel{ID: key}, nil
 		})))
@@ -1259,13 +1255,19 @@ func TestSlowLoadsAreNotRedisFailures(t *testing.T) {
 		}
 	}
 	slow.Store(false)
-	waitFor(t, 5*time.Second, "the slow loaders returning", func() bool { return returned.Load() == 6 })
+	close(release)
+	waitFor(t, 30*time.Second, "the slow loaders returning", func() bool { return returned.Load() == 6 })
 	if n := c.Stats().RedisErrors; n != 0 {
 		t.Fatalf("slow loads counted %d Redis errors", n)
 	}
+	// Nothing stored; each load's lease is removed once its loader has
+	// returned (after returned counts it: waited for).
 	for i := range 6 {
-		if n := rdb.Exists(ctx, fmt.Sprintf("slow:%d", i)).Val(); n != 0 {
-			t.Fatalf("slow:%d holds %q after its load timed out", i, rdb.Get(ctx, fmt.Sprintf("slow:%d", i)).Val())
+		k := fmt.Sprintf("slow:%d", i)
+		for deadline := time.Now().Add(30 * time.Second); rdb.Exists(ctx, k).Val() != 0; time.Sleep(10 * time.Millisecond) {
+			if raw := rdb.Get(ctx, k).Val(); raw != "" && raw[0] != 0x0c || time.Now().After(deadline) {
+				t.Fatalf("%s holds %q after its load timed out", k, raw)
+			}
 		}
 	}
 	if _, err := c.Get(ctx, "fast"); err != nil {

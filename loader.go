@@ -73,6 +73,9 @@ import (
 // (With a context not derived from its own, the cache cannot tell, and
 // that call waits.)
 type Loader[T any] interface {
+	// Load returns the value of key from the source, or ErrNotFound when
+	// the source does not hold it. It runs under a context with the
+	// caller's values, bounded by WithLoadTimeout.
 	Load(ctx context.Context, key string) (T, error)
 }
 

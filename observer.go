@@ -41,14 +41,17 @@ type Observer interface {
 // assertion on the Observer given to WithObserver.
 type ServeObserver interface {
 	Observer
+
+	// ObserveServe is called once for each response Serve writes, after
+	// writing it.
 	ObserveServe(ServeEvent)
 }
 
 // A ServeEvent is one response Serve wrote, counted as Stats.Served
 // counts it.
 type ServeEvent struct {
-	Prefix string
-	Status int
+	Prefix string // the prefix of the key's policy ("" for the cache's own)
+	Status int    // the status Serve chose, whatever WithServeError wrote
 	Coding string // "zstd", "gzip" or "identity" for a 200, 304 or 412; "" for the others
 	Bytes  int    // body bytes written: a 200's body (none for HEAD); 0 for the others
 }
@@ -71,28 +74,28 @@ func (o ReadOutcome) String() string { return readOutcomeNames[o] }
 
 // A ReadEvent is one reader's outcome.
 type ReadEvent struct {
-	Prefix  string
-	Outcome ReadOutcome
-	Shared  bool // the reader shared a read or load another caller began
-	Near    bool // a hit answered by the near cache (WithLocalCache)
+	Prefix  string      // the prefix of the key's policy ("" for the cache's own)
+	Outcome ReadOutcome // what the reader got, as Stats counts it
+	Shared  bool        // the reader shared a read or load another caller began
+	Near    bool        // a hit answered by the near cache (WithLocalCache)
 }
 
 // A LoadEvent is one loader call.
 type LoadEvent struct {
-	Prefix   string
-	Keys     int // 1, or the number of keys of a GetOrLoadMany call (whose Prefix is its first key's)
-	Duration time.Duration
-	Err      error // nil, ErrNotFound, DoNotCache, ErrLoadTimeout, or the loader's error
+	Prefix   string        // the prefix of the key's policy ("" for the cache's own)
+	Keys     int           // 1, or the number of keys of a GetOrLoadMany call (whose Prefix is its first key's)
+	Duration time.Duration // how long the loader took to return
+	Err      error         // nil, ErrNotFound, DoNotCache, ErrLoadTimeout, or the loader's error
 }
 
 // A CodecEvent is one value encoded or decoded.
 type CodecEvent struct {
-	Prefix   string
-	Codec    string // the codec's name; "none" for a value stored plain
-	Decode   bool   // false: encoded for a write
-	Plain    int    // bytes of the serialized value
-	Stored   int    // bytes stored in Redis, header included
-	Duration time.Duration
+	Prefix   string        // the prefix of the key's policy ("" for the cache's own)
+	Codec    string        // the codec's name; "none" for a value stored plain
+	Decode   bool          // false: encoded for a write
+	Plain    int           // bytes of the serialized value
+	Stored   int           // bytes stored in Redis, header included
+	Duration time.Duration // how long the encode or the decode took
 }
 
 // A RedisEvent is a failed Redis operation, a circuit breaker opening or

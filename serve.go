@@ -112,6 +112,15 @@ func (s *servedCounts) snapshot() map[ServeResponse]ServeCount {
 	return out
 }
 
+// WithServeError sets f to write the response of a Serve whose read
+// failed, in place of the default: http.Error with the status's text,
+// which names neither the key nor the error. f gets the status Serve chose
+// (404 for ErrNotFound, ErrMiss and ErrReservedKey; 503 when the cache is
+// closed, Redis failed or the request's context ended; 500 for any other
+// error) and the error. It may write any status and body; Stats.Served and
+// the ServeObserver count the status Serve chose. f does not change which
+// failures reach the error handler (WithErrorHandler); those that do reach
+// it before f is called. A nil f keeps the default.
 func WithServeError(f ServeErrorFunc) Option {
 	return func(cfg *config) error { cfg.serveError = f; return nil }
 }

@@ -555,6 +555,46 @@ func TestServeStatuses(t *testing.T) {
 	checkFailure(t, "closed", serveOnce(plain, key, "GET"), 503, key, er, nil)
 }
 
+// TestServeErrorCountsServesStatus: WithServeError's f gets the status
+// Serve chose and the read's error, and writes what it likes; Stats.Served
+// counts the status Serve chose, not f's; and f changes nothing of what
+// the error handler hears (a loader's error, not a miss).
+func TestServeErrorCountsServesStatus(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	er := &errorRecorder{}
+	boom := errors.New("database down")
+	type call struct {
+		status int
+		err    error
+	}
+	var calls []call
+	c := mustNew[Channel](t, rdb, packcache.WithErrorHandler(er.handle),
+		packcache.WithServeError(func(w http.ResponseWriter, r *http.Request, status int, err error) {
+			calls = append(calls, call{status, err})
+			w.WriteHeader(http.StatusTeapot)
+		}),
+		packcache.WithPrefix("boom:", packcache.Policy{Loader: packcache.LoaderFunc[Channel](func(context.Context, string) (Channel, error) {
+			return Channel{}, boom
+		})}))
+	if rec := serveOnce(c, "absent", "GET"); rec.Code != http.StatusTeapot {
+		t.Errorf("a miss: status %d, want f's 418", rec.Code)
+	}
+	if rec := serveOnce(c, "boom:k", "GET"); rec.Code != http.StatusTeapot {
+		t.Errorf("a loader's error: status %d, want f's 418", rec.Code)
+	}
+	if len(calls) != 2 || calls[0].status != 404 || !errors.Is(calls[0].err, packcache.ErrMiss) || calls[1].status != 500 || !errors.Is(calls[1].err, boom) {
+		t.Errorf("f called with %+v; want 404 with ErrMiss, then 500 with the loader's error", calls)
+	}
+	served := c.Stats().Served
+	if served[packcache.ServeResponse{Status: 404}].Responses != 1 || served[packcache.ServeResponse{Status: 500}].Responses != 1 || served[packcache.ServeResponse{Status: http.StatusTeapot}].Responses != 0 {
+		t.Errorf("Stats.Served %v; want one 404 and one 500, the statuses Serve chose", served)
+	}
+	if errs := er.take(); len(errs) != 1 || !errors.Is(errs[0], boom) {
+		t.Errorf("the error handler heard %v; want the loader's error alone", errs)
+	}
+}
+
 // TestServeNearHotKey: with the near cache a hot key served to many
 // clients costs no Redis GET, and the entry weighs the stored frame and
 // the bodies made; a write by anyone reaches the clients.

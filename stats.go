@@ -60,8 +60,8 @@ type BreakerState struct {
 // 503: an error's status as Serve chose it, whatever WithServeError
 // wrote).
 type ServeResponse struct {
-	Status int
-	Coding string
+	Status int    // the HTTP status Serve chose
+	Coding string // "zstd", "gzip" or "identity" for a 200, 304 or 412; "" for the others
 }
 
 // MarshalText is the response's status, then its coding if any, as in
@@ -87,7 +87,7 @@ func (r *ServeResponse) UnmarshalText(b []byte) error {
 
 // ServeCount counts Serve's responses of one kind.
 type ServeCount struct {
-	Responses uint64
+	Responses uint64 // responses written
 	Bytes     uint64 // body bytes written: a 200's body (none for HEAD); 0 for the others
 }
 

@@ -2,6 +2,7 @@ package packcache_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,8 +10,11 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/packcache/packcache"
 	"github.com/packcache/packcache/codec"
@@ -97,7 +101,9 @@ func TestThresholdBoundary(t *testing.T) {
 	}
 }
 
-func TestCompressAboveZeroCompressesEverything(t *testing.T) {
+// TestCompressAllCompressesSmallValues: CompressAll, as the threshold,
+// compresses a value far below the default 1 KiB.
+func TestCompressAllCompressesSmallValues(t *testing.T) {
 	t.Parallel()
 	_, rdb := single(t)
 	ctx := ctxT(t)
@@ -106,6 +112,47 @@ func TestCompressAboveZeroCompressesEverything(t *testing.T) {
 	c.Set(ctx, "k", v)
 	if b := rawGet(t, rdb, "k"); b[0] != codec.HeaderZstd {
 		t.Fatalf("stored %#x..., want zstd", b[0])
+	}
+}
+
+// TestCompressAboveZeroIsTheDefault: WithCompressAbove(0) means the
+// default threshold, 1024 bytes: a value of 1024 bytes is stored plain and
+// one of 1025 compressed, as without the option; it neither compresses
+// everything nor turns compression off. In a Policy, zero inherits the
+// cache's threshold.
+func TestCompressAboveZeroIsTheDefault(t *testing.T) {
+	t.Parallel()
+	_, rdb := single(t)
+	ctx := ctxT(t)
+	zero := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(0), packcache.WithCodec(codec.LZ4))
+	none := mustNew[[]byte](t, rdb, packcache.WithCodec(codec.LZ4))
+	inherit := mustNew[[]byte](t, rdb, packcache.WithCompressAbove(256), packcache.WithCodec(codec.LZ4),
+		packcache.WithPrefix("p:", packcache.Policy{CompressAbove: 0}))
+	cases := []struct {
+		c     *packcache.Cache[[]byte]
+		key   string
+		n     int
+		plain bool
+	}{
+		{zero, "zero:at", 1024, true},
+		{zero, "zero:above", 1025, false},
+		{zero, "zero:small", 300, true},
+		{none, "none:at", 1024, true},
+		{none, "none:above", 1025, false},
+		{inherit, "p:at", 256, true},
+		{inherit, "p:above", 257, false},
+	}
+	for _, tc := range cases {
+		if err := tc.c.Set(ctx, tc.key, jsonText(tc.n)); err != nil {
+			t.Fatal(err)
+		}
+		b := rawGet(t, rdb, tc.key)
+		if plain := b[0] == '"' && len(b) == tc.n; plain != tc.plain {
+			t.Errorf("%s: %d bytes stored as %d bytes starting %#x; want plain %v", tc.key, tc.n, len(b), b[0], tc.plain)
+		}
+		if !tc.plain && b[0] != codec.HeaderLZ4 {
+			t.Errorf("%s: stored starting %#x, want the LZ4 header", tc.key, b[0])
+		}
 	}
 }
 
@@ -235,20 +282,111 @@ func TestGetManySetMany(t *testing.T) {
 	})
 }
 
+// TestSetDuringGetIsSeen attacks Set's promise that no Get of this process
+// that starts after Set returns gets an older value: a Get whose GET has
+// read the old value in Redis is held before it hears the reply; Set then
+// stores a new value, and a Get begun after Set returned must read it
+// rather than join the held read (Set detaches it). The held Get, begun
+// before Set, may return either. Without a loader and with one.
 func TestSetDuringGetIsSeen(t *testing.T) {
 	t.Parallel()
-	_, rdb := single(t)
-	ctx := ctxT(t)
-	c := mustNew[Channel](t, rdb)
-	for i := range 50 {
-		want := Channel{ID: fmt.Sprint(i)}
-		if err := c.Set(ctx, "k", want); err != nil {
-			t.Fatal(err)
+	for _, readThrough := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readThrough=%v", readThrough), func(t *testing.T) {
+			t.Parallel()
+			s := redistest.Start(t)
+			hook := newHoldGetHook()
+			rdb := s.Client(t)
+			rdb.AddHook(hook)
+			ctx := ctxT(t)
+			var opts []packcache.Option
+			if readThrough {
+				opts = append(opts, packcache.WithLoader(packcache.LoaderFunc[Channel](func(ctx context.Context, key string) (Channel, error) {
+					return Channel{ID: "loaded"}, nil
+				})))
+			}
+			c := mustNew[Channel](t, rdb, opts...)
+			if err := c.Set(ctx, "k", Channel{ID: "old"}); err != nil {
+				t.Fatal(err)
+			}
+			hook.armed.Store(true)
+			first := make(chan error, 1)
+			go func() { _, err := c.Get(ctx, "k"); first <- err }()
+			<-hook.held // the GET has read "old"; its reply is held
+			if err := c.Set(ctx, "k", Channel{ID: "new"}); err != nil {
+				t.Fatal(err)
+			}
+			var v Channel
+			var err error
+			done := make(chan struct{})
+			go func() { v, err = c.Get(ctx, "k"); close(done) }()
+			waitDecided(t, done, func() bool { return c.Stats().CoalescedWaits > 0 })
+			close(hook.release)
+			<-done
+			if err := <-first; err != nil {
+				t.Errorf("the Get begun before Set: %v", err)
+			}
+			if err != nil || v.ID != "new" {
+				t.Fatalf("Get begun after Set returned = %q, %v; want %q", v.ID, err, "new")
+			}
+		})
+	}
+}
+
+// waitDecided waits until a call begun while a read is held has returned
+// (done is closed) or has joined a read or load another began (joined
+// reports so, from Stats().CoalescedWaits): either way its answer no
+// longer depends on when the held read is released, and releasing it
+// now cannot hide a call that joined it.
+func waitDecided(t *testing.T, done <-chan struct{}, joined func() bool) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "the call to return or join the held read", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return joined()
 		}
-		got, err := c.Get(ctx, "k")
-		if err != nil || got.ID != want.ID {
-			t.Fatalf("after Set %d, Get = %v, %v", i, got.ID, err)
+	})
+}
+
+// holdGetHook holds the reply of the first read it sees while armed (a
+// GET, or the SET NX GET of a read that places a lease) until release is
+// closed, telling held once the read has run in Redis: a read done in
+// Redis whose caller has not yet heard, at a known point.
+type holdGetHook struct {
+	armed         atomic.Bool
+	held, release chan struct{}
+}
+
+func newHoldGetHook() *holdGetHook {
+	return &holdGetHook{held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *holdGetHook) hold(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		args := cmd.Args()
+		read := cmd.Name() == "get" || cmd.Name() == "set" && fmt.Sprint(args[len(args)-1]) == "get"
+		if read && h.armed.CompareAndSwap(true, false) {
+			close(h.held)
+			<-h.release
+			return
 		}
+	}
+}
+
+func (h *holdGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.hold(cmds...)
+		return err
+	}
+}
+func (h *holdGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.hold(cmd)
+		return err
 	}
 }
 

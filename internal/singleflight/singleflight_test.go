@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -360,9 +361,11 @@ func TestGroupJoiningRefused(t *testing.T) {
 	}
 }
 
-// forget cools the hot slot before taking the group's mutex; a finish that
-// holds the mutex at that moment puts the call (read before the write) back
-// into the hot slot after the cool, and lookHot then serves it.
+// TestForgetVsFinishHotSlot: a write's Forget that comes while a read's
+// finish holds the group's mutex (about to hold the call for its share
+// window) waits for the mutex; once Forget returns, LookHot must not serve
+// that call, which began before the write. The test holds the mutex as
+// finish does, and goes on only once Forget is parked on it.
 func TestForgetVsFinishHotSlot(t *testing.T) {
 	t.Parallel()
 	g := &Group[ival, fnWork]{}
@@ -373,8 +376,8 @@ func TestForgetVsFinishHotSlot(t *testing.T) {
 	// finish(...) has taken the mutex (it is about to hold c).
 	g.mu.Lock()
 	forgot := make(chan struct{})
-	go func() { g.Forget("k"); close(forgot) }() // the write's forget: cools, then waits for the mutex
-	time.Sleep(50 * time.Millisecond)
+	go func() { g.Forget("k"); close(forgot) }() // the write's forget: waits for the mutex
+	waitParkedInLock(t, ").Forget(")
 	// the rest of finish, as it runs under the mutex:
 	c.val, c.finished = 1, true
 	if g.m["k"] == c {
@@ -385,6 +388,27 @@ func TestForgetVsFinishHotSlot(t *testing.T) {
 
 	if hc, ok := g.LookHot("k", time.Now().UnixNano()); ok {
 		t.Fatalf("after forget returned, lookHot still serves the call read before the write (val %d, detached %v)", hc.val, hc.detached.Load())
+	}
+}
+
+// waitParkedInLock waits until a goroutine running fn (a substring of its
+// stack) is parked in sync.Mutex.Lock, as the runtime's goroutine dump
+// says ("[sync.Mutex.Lock"): a mutex's waiters are otherwise invisible,
+// and testing/synctest does not count a goroutine blocked on one as
+// durably blocked.
+func waitParkedInLock(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
+		n := runtime.Stack(buf, true)
+		for _, st := range strings.Split(string(buf[:n]), "\n\n") {
+			if strings.Contains(st, "[sync.Mutex.Lock") && strings.Contains(st, fn) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no goroutine running %s parked in sync.Mutex.Lock within a minute", fn)
+		}
 	}
 }
 
