@@ -152,14 +152,41 @@ func Delta(r *http.Request, fallback *Body, stored []byte, eg *Edge, src Source,
 	if b == noBody {
 		// The client holds the value: as the dcz body it revalidates,
 		// if it got one, so that it gets a 304 and not the whole value.
-		if d := set.revalidated(k.of, fieldValues(r, "If-None-Match")); d != nil {
+		// It may have got it from another Edge of the value (an entry
+		// the near cache made again) or from none: sent dcz bodies are
+		// remembered by the value's entity tag too.
+		inm := fieldValues(r, "If-None-Match")
+		if d := set.revalidated(k.of, inm); d != nil {
+			return d, nil
+		}
+		if d := sentDeltas.revalidated(fallback.etag, inm); d != nil {
 			return d, nil
 		}
 	}
 	if err != nil || b == nil || b == noBody || len(b.b) >= len(fallback.b) {
 		return fallback, err
 	}
+	if eg != nil {
+		sentDeltas.remember(deltaKey{of: fallback.etag, dict: sum}, b)
+	}
 	return b, nil
+}
+
+// sentDeltas remembers the dcz bodies made in an Edge by the entity tag
+// of the value's body they stand for, so that a client revalidating one
+// gets its 304 from this process even once that Edge is gone.
+var sentDeltas = deltaSet{max: maxLoneDeltas, evict: true}
+
+// remember keeps b, a dcz body made for k, for revalidated alone.
+func (s *deltaSet) remember(k deltaKey, b *Body) {
+	if len(b.b) > maxLoneBody {
+		return
+	}
+	d, mine := s.slot(k)
+	if mine {
+		d.body = b
+		close(d.done)
+	}
 }
 
 // revalidated returns the dcz body s keeps, of the value of, whose entity
