@@ -280,8 +280,9 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 //
 // The body is chosen by the request's Accept-Encoding, whose q-values are
 // honoured (a coding at q=0 is refused; among those accepted the highest q
-// wins, and on a tie the smaller body: browsers accept zstd and gzip
-// alike, and get the smaller):
+// wins, and on a tie the first of zstd, gzip and identity that the value
+// has: browsers accept zstd and gzip alike, and get a stored frame as it
+// is, with no body made to compare it with):
 //
 //   - zstd: a value stored with zstd (header 0x04) is sent as the stored
 //     frame, byte for byte, with Content-Encoding: zstd: no decompression,
@@ -300,13 +301,8 @@ func (c *Cache[T]) InvalidateGroups(ctx context.Context, groups ...string) error
 // it, a compressed one decompressed. A value with no stored form to pass
 // on (one just loaded, or loaded while Redis fails) is serialized again
 // and, when it is at least 1 KiB, compressed for the client: with zstd
-// (a frame browsers take) or gzip, whichever it accepts, the smaller on a
-// tie; the next request, which reads what the load stored, gets the
-// stored frame. On a tie of zstd and gzip for a stored frame, finding the
-// smaller costs a gzip of the value: once per near-cache entry, or,
-// without a near cache, once per value in this process for a frame found
-// no larger (then remembered by its ETag), and per request for a value
-// whose gzip is smaller, as for a client that asks for gzip alone.
+// (a frame browsers take) or gzip, as it accepts, zstd on a tie; the next
+// request, which reads what the load stored, gets the stored frame.
 //
 // A Cache of json.RawMessage holds whatever bytes Redis holds: a value
 // that is not JSON (written by redis-cli SET, say) is a 500 whose error,

@@ -2,7 +2,6 @@ package httpenc
 
 import (
 	"net/http"
-	"sync"
 	"sync/atomic"
 )
 
@@ -51,62 +50,38 @@ func (eg *Edge) Stored() []byte { return eg.stored }
 // Pick returns the body that r's Accept-Encoding prefers, or nil if it
 // accepts none the value has (Write answers nil with 406).
 //
-// The codings r accepts are tried by q-value, highest first; among codings
-// of equal q-value, the smallest of their bodies wins (zstd on a tie of
-// sizes). The first q-value some coding has a body at wins: zstd is the
-// stored frame, when stored is a zstd value browsers decode, or, for a
-// value with no stored form, the serialized value compressed with zstd;
+// The codings r accepts are tried by q-value, highest first, and among
+// codings of equal q-value in the order zstd, gzip, identity: the first
+// that has a body wins, with no body made only to be compared. zstd is
+// the stored frame, when stored is a zstd value browsers decode, or, for
+// a value with no stored form, the serialized value compressed with zstd;
 // gzip is the serialized value gzipped; either is made only when the
 // serialized value is at least 1 KiB and only kept when smaller than it.
-// identity is the serialized value; it is never smaller than a coded body,
-// so on a tie it is made only when neither other coding has a body. A
-// request without Accept-Encoding accepts identity alone; identity is
-// acceptable unless refused (identity;q=0 or *;q=0).
+// identity is the serialized value. So a browser's Accept-Encoding (gzip,
+// deflate, br, zstd: all at q=1) gets a stored frame as it is, and gzip
+// only for a value stored otherwise. A request without Accept-Encoding
+// accepts identity alone; identity is acceptable unless refused
+// (identity;q=0 or *;q=0).
 //
 // stored is the value as Redis holds it, or nil if it is not known (a
 // value just loaded, or one read while Redis fails). With eg not nil,
 // stored is eg's and the bodies made are kept in eg, and src is told of
-// each kept one's bytes; with eg nil each Pick makes its bodies anew (so
-// a tie of zstd and gzip, as browsers send it, costs a gzip of the value
-// per request: a near cache makes it once). An error is src's, or the
-// compressor's, and no body is kept for it.
+// each kept one's bytes; with eg nil each Pick makes its body anew. An
+// error is src's, or the compressor's, and no body is kept for it.
 func Pick(r *http.Request, stored []byte, eg *Edge, src Source) (*Body, error) {
 	a := parseAcceptEncoding(r.Header["Accept-Encoding"])
 	order, n := a.order()
 	if eg != nil {
 		stored = eg.stored
 	}
-	for i := 0; i < n; {
-		j := i + 1
-		for j < n && a[order[j]] == a[order[i]] {
-			j++
+	for _, k := range order[:n] {
+		b, err := eg.body(k, stored, src)
+		if err != nil {
+			return nil, err
 		}
-		var best *Body
-		for _, k := range order[i:j] {
-			if k == codingIdentity && best != nil {
-				continue // a coded body is smaller than the value, by construction
-			}
-			// Without an Edge, a stored frame known to be no larger than
-			// the value gzipped wins its tie without the gzip.
-			frame := eg == nil && k == codingGzip && best != nil && best.coding == "zstd" && len(stored) > 0
-			if frame && frameWins.has(best.etag) {
-				continue
-			}
-			b, err := eg.body(k, stored, src)
-			if err != nil {
-				return nil, err
-			}
-			if frame && (b == noBody || len(best.b) <= len(b.b)) {
-				frameWins.add(best.etag)
-			}
-			if b != noBody && (best == nil || len(b.b) < len(best.b)) {
-				best = b
-			}
+		if b != noBody {
+			return b, nil
 		}
-		if best != nil {
-			return best, nil
-		}
-		i = j
 	}
 	return nil, nil
 }
@@ -167,34 +142,4 @@ func (eg *Edge) keep(k int, b *Body, n int, src Source) *Body {
 		src.Kept(eg, n)
 	}
 	return slot.Load()
-}
-
-// frameWins holds the entity tags of stored zstd frames found no larger
-// than their values gzipped: without an Edge to keep both bodies, a tie
-// of zstd and gzip (every browser's Accept-Encoding) costs a gzip of the
-// value once per value, not once per request. A tag names the frame's
-// bytes, and so the value, for good. It holds at most frameWinsMax tags,
-// and is emptied when full.
-var frameWins tagSet
-
-const frameWinsMax = 4096
-
-type tagSet struct {
-	m sync.Map // entity tag -> struct{}
-	n atomic.Int64
-}
-
-func (s *tagSet) has(tag string) bool {
-	_, ok := s.m.Load(tag)
-	return ok
-}
-
-func (s *tagSet) add(tag string) {
-	if _, loaded := s.m.LoadOrStore(tag, struct{}{}); loaded {
-		return
-	}
-	if s.n.Add(1) > frameWinsMax {
-		s.m.Clear()
-		s.n.Store(0)
-	}
 }
