@@ -152,15 +152,19 @@ func Delta(r *http.Request, fallback *Body, stored []byte, eg *Edge, src Source,
 	if b == noBody {
 		// The client holds the value: as the dcz body it revalidates,
 		// if it got one, so that it gets a 304 and not the whole value.
-		// It may have got it from another Edge of the value (an entry
-		// the near cache made again) or from none: sent dcz bodies are
-		// remembered by the value's entity tag too.
+		// It may have got it through another Edge of the value (an entry
+		// the near cache made again) or through none (the near cache
+		// could not serve then): dcz bodies are remembered by the value's
+		// entity tag too, in loneDeltas or sentDeltas.
 		inm := fieldValues(r, "If-None-Match")
-		if d := set.revalidated(k.of, inm); d != nil {
-			return d, nil
-		}
-		if d := sentDeltas.revalidated(fallback.etag, inm); d != nil {
-			return d, nil
+		for _, s := range []*deltaSet{set, &loneDeltas, &sentDeltas} {
+			of := fallback.etag
+			if s == set {
+				of = k.of
+			}
+			if d := s.revalidated(of, inm); d != nil {
+				return d, nil
+			}
 		}
 	}
 	if err != nil || b == nil || b == noBody || len(b.b) >= len(fallback.b) {

@@ -442,32 +442,33 @@ func TestDeltaRevalidate(t *testing.T) {
 }
 
 // TestDeltaRevalidateOtherEdge: a client that got a dcz body through one
-// Edge of the value, and revalidates it holding the value, gets the dcz
-// body (a 304) through another Edge of the same value (the near cache
-// made its entry again), or through none.
+// Edge of the value, or through none, and revalidates it holding the
+// value, gets the dcz body (a 304) through another Edge of the same value
+// (the near cache made its entry again), or through none.
 func TestDeltaRevalidateOtherEdge(t *testing.T) {
-	forgetLone()
 	v1, v2 := channel(32 << 10)
 	stored := storedZstd(t, v2)
-	src := &source{plain: v2}
-	vs := newVersions(v1)
-	first := NewEdge(stored)
-	r := dczRequest(SumOf(v1))
-	fallback, _ := Pick(r, stored, first, src)
-	d, err := Delta(r, fallback, stored, first, src, vs)
-	if err != nil || d.Coding() != "dcz" {
-		t.Fatalf("%v, %v", d.Coding(), err)
-	}
-	for _, eg := range []*Edge{NewEdge(stored), nil} {
-		r := dczRequest(SumOf(v2))
-		r.Header.Set("If-None-Match", d.etag)
-		fb, _ := Pick(r, stored, eg, src)
-		b, err := Delta(r, fb, stored, eg, src, vs)
-		if err != nil || b.etag != d.etag {
-			t.Fatalf("another edge %v: a %s body (%v), want the dcz body", eg != nil, b.Coding(), err)
+	for _, first := range []*Edge{NewEdge(stored), nil} {
+		forgetLone()
+		src := &source{plain: v2}
+		vs := newVersions(v1)
+		r := dczRequest(SumOf(v1))
+		fallback, _ := Pick(r, stored, first, src)
+		d, err := Delta(r, fallback, stored, first, src, vs)
+		if err != nil || d.Coding() != "dcz" {
+			t.Fatalf("%v, %v", d.Coding(), err)
 		}
-		if status, _ := Write(httptest.NewRecorder(), r, b, "application/json"); status != http.StatusNotModified {
-			t.Errorf("another edge %v: Write answered %d, want 304", eg != nil, status)
+		for _, eg := range []*Edge{NewEdge(stored), nil} {
+			r := dczRequest(SumOf(v2))
+			r.Header.Set("If-None-Match", d.etag)
+			fb, _ := Pick(r, stored, eg, src)
+			b, err := Delta(r, fb, stored, eg, src, vs)
+			if err != nil || b.etag != d.etag {
+				t.Fatalf("sent with an edge %v, revalidated with another %v: a %s body (%v), want the dcz body", first != nil, eg != nil, b.Coding(), err)
+			}
+			if status, _ := Write(httptest.NewRecorder(), r, b, "application/json"); status != http.StatusNotModified {
+				t.Errorf("sent with an edge %v, revalidated with another %v: Write answered %d, want 304", first != nil, eg != nil, status)
+			}
 		}
 	}
 }
