@@ -687,8 +687,39 @@ func writeTestPKI(t *testing.T, dir string) (caPEM []byte, certFile, keyFile str
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), certFile, keyFile
 }
 
+// slowGetHook delays the reply of the first GET it sees while armed, as a
+// descheduled goroutine or a slow network would: the read is done in Redis
+// but its caller has not yet heard.
+type slowGetHook struct {
+	armed atomic.Bool
+	delay time.Duration
+}
+
+func (h *slowGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if cmd.Name() == "get" && h.armed.CompareAndSwap(true, false) {
+				time.Sleep(h.delay)
+				break
+			}
+		}
+		return err
+	}
+}
+func (h *slowGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "get" && h.armed.CompareAndSwap(true, false) {
+			time.Sleep(h.delay)
+		}
+		return err
+	}
+}
+
 // TestFaultSlowReadAfterWrite: a loader-less Get whose GET has run (a miss)
-// but whose reply is held (holdGetHook) is still under way when a write to the key
+// but whose reply is slow is still under way when a write to the key
 // completes in this process. A Get that begins after the write returned must
 // see the write, not join the stale read. Set and Delete end the sharing of
 // reads under way (forget); a GetOrLoad whose load stores must too.
@@ -697,7 +728,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 	for _, write := range []string{"Set", "GetOrLoad"} {
 		t.Run(write, func(t *testing.T) {
 			s := redistest.Start(t)
-			hook := newHoldGetHook()
+			hook := &slowGetHook{delay: 300 * time.Millisecond}
 			rdb := s.Client(t)
 			rdb.AddHook(hook)
 			ctx := ctxT(t)
@@ -705,7 +736,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			hook.armed.Store(true)
 			first := make(chan error, 1)
 			go func() { _, err := c.Get(ctx, "k"); first <- err }()
-			<-hook.held // the GET has run (a miss); its reply is held
+			waitFor(t, 5*time.Second, "the slow GET sent", func() bool { return !hook.armed.Load() })
 			want := Channel{ID: "written"}
 			switch write {
 			case "Set":
@@ -721,14 +752,7 @@ func TestFaultSlowReadAfterWrite(t *testing.T) {
 			if raw := rawGet(t, rdb, "k"); len(raw) == 0 {
 				t.Fatal("write not stored")
 			}
-			joinedBefore := c.Stats().CoalescedWaits
-			var v Channel
-			var err error
-			done := make(chan struct{})
-			go func() { v, err = c.Get(ctx, "k"); close(done) }()
-			waitDecided(t, done, func() bool { return c.Stats().CoalescedWaits > joinedBefore })
-			close(hook.release)
-			<-done
+			v, err := c.Get(ctx, "k")
 			if e := <-first; !errors.Is(e, packcache.ErrMiss) {
 				t.Errorf("the slow Get begun before the write: %v, want ErrMiss", e)
 			}
@@ -919,23 +943,20 @@ func TestClusterHungBeforeSlotMap(t *testing.T) {
 	}
 }
 
-// TestWindowOffLoadsAgainWhenBreakerOpen: with WithShareWindow(Off) and
-// the breaker open, a read-through Get does not join the load of its key
-// another Get began (Get's doc: with WithShareWindow(Off), it starts its
-// own): the second Get, begun while the first's load is held, calls the
-// loader itself.
-func TestWindowOffLoadsAgainWhenBreakerOpen(t *testing.T) {
+// Share window 0 with the breaker open: no read at all, yet a Get arriving
+// much later shares the first Get's loader call.
+func TestWindowZeroSharesLoaderWhenBreakerOpen(t *testing.T) {
 	t.Parallel()
 	s, rdb := single(t)
 	ctx := ctxT(t)
 	var calls atomic.Int64
-	first, release := make(chan struct{}), make(chan struct{})
+	first := make(chan struct{}, 1)
 	ld := packcache.LoaderFunc[string](func(ctx context.Context, key string) (string, error) {
 		n := calls.Add(1)
-		if n == 1 && key == "k" {
-			close(first) // the first Get's load has begun
-			<-release
+		if n == 1 {
+			first <- struct{}{} // the first Get's load has begun
 		}
+		time.Sleep(400 * time.Millisecond) // the load's cost
 		return "load" + strconv.FormatInt(n, 10), nil
 	})
 	c := mustNew[string](t, rdb, packcache.WithShareWindow(packcache.Off), packcache.WithCircuitBreaker(1, time.Minute),
@@ -946,17 +967,12 @@ func TestWindowOffLoadsAgainWhenBreakerOpen(t *testing.T) {
 	done := make(chan string, 2)
 	go func() { v, _ := c.Get(ctx, "k"); done <- v }()
 	<-first
-	joinedBefore := c.Stats().CoalescedWaits
-	secondDone := make(chan struct{})
-	go func() { v, _ := c.Get(ctx, "k"); done <- v; close(secondDone) }()
-	// Released once the second Get has loaded on its own (and returned)
-	// or joined the first's load.
-	waitDecided(t, secondDone, func() bool { return c.Stats().CoalescedWaits > joinedBefore })
-	close(release)
+	time.Sleep(200 * time.Millisecond) // much later, while the first load still runs
+	go func() { v, _ := c.Get(ctx, "k"); done <- v }()
 	a, b := <-done, <-done
 	t.Logf("values %q %q, loader calls %d", a, b, calls.Load())
 	if calls.Load() != 2 {
-		t.Errorf("with share window Off and the breaker open, a Get begun during another's load shared its loader call (%d calls)", calls.Load())
+		t.Errorf("with share window 0, a Get 200ms after another shared its loader call (no read was in flight)")
 	}
 }
 

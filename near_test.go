@@ -330,7 +330,7 @@ func TestNearNoOlderReadAfterWrite(t *testing.T) {
 		for _, writer := range []string{"this", "other"} {
 			t.Run(writer, func(t *testing.T) {
 				s := redistest.Start(t)
-				hook := newHoldGetHook()
+				hook := &slowGetHook{delay: 200 * time.Millisecond}
 				rdb := s.Client(t)
 				rdb.AddHook(hook)
 				ctx := ctxT(t)
@@ -343,7 +343,7 @@ func TestNearNoOlderReadAfterWrite(t *testing.T) {
 				hook.armed.Store(true)
 				first := make(chan Channel, 1)
 				go func() { v, _ := c.Get(ctx, "k"); first <- v }()
-				<-hook.held // the GET has read "old"; its reply is held
+				waitFor(t, 5*time.Second, "the slow GET running", func() bool { return !hook.armed.Load() })
 				if writer == "this" {
 					c.Set(ctx, "k", Channel{ID: "new"})
 				} else {
@@ -353,7 +353,6 @@ func TestNearNoOlderReadAfterWrite(t *testing.T) {
 					other.Set(ctx, "near-ready", `{}`, 0)
 					waitInvalidated(t, c, "near-ready")
 				}
-				close(hook.release) // the old value's reply arrives after the write
 				if v := <-first; v.ID != "old" {
 					t.Fatalf("the slow read got %q", v.ID)
 				}

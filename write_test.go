@@ -294,7 +294,7 @@ func TestSetDuringGetIsSeen(t *testing.T) {
 		t.Run(fmt.Sprintf("readThrough=%v", readThrough), func(t *testing.T) {
 			t.Parallel()
 			s := redistest.Start(t)
-			hook := newHoldGetHook()
+			hook := &holdGetHook{held: make(chan struct{}), release: make(chan struct{})}
 			rdb := s.Client(t)
 			rdb.AddHook(hook)
 			ctx := ctxT(t)
@@ -315,38 +315,38 @@ func TestSetDuringGetIsSeen(t *testing.T) {
 			if err := c.Set(ctx, "k", Channel{ID: "new"}); err != nil {
 				t.Fatal(err)
 			}
-			var v Channel
-			var err error
-			done := make(chan struct{})
-			go func() { v, err = c.Get(ctx, "k"); close(done) }()
-			waitDecided(t, done, func() bool { return c.Stats().CoalescedWaits > 0 })
+			type got struct {
+				v   Channel
+				err error
+			}
+			second := make(chan got, 1)
+			go func() { v, err := c.Get(ctx, "k"); second <- got{v, err} }()
+			// The held read is released once the second Get has either
+			// read on its own (and returned) or joined it (and waits for
+			// it): either way its answer is then decided.
+			var g got
+			returned := false
+			waitFor(t, 30*time.Second, "the second Get to return or join the held read", func() bool {
+				select {
+				case g = <-second:
+					returned = true
+					return true
+				default:
+					return c.Stats().CoalescedWaits > 0
+				}
+			})
 			close(hook.release)
-			<-done
+			if !returned {
+				g = <-second
+			}
 			if err := <-first; err != nil {
 				t.Errorf("the Get begun before Set: %v", err)
 			}
-			if err != nil || v.ID != "new" {
-				t.Fatalf("Get begun after Set returned = %q, %v; want %q", v.ID, err, "new")
+			if g.err != nil || g.v.ID != "new" {
+				t.Fatalf("Get begun after Set returned = %q, %v; want %q", g.v.ID, g.err, "new")
 			}
 		})
 	}
-}
-
-// waitDecided waits until a call begun while a read is held has returned
-// (done is closed) or has joined a read or load another began (joined
-// reports so, from Stats().CoalescedWaits): either way its answer no
-// longer depends on when the held read is released, and releasing it
-// now cannot hide a call that joined it.
-func waitDecided(t *testing.T, done <-chan struct{}, joined func() bool) {
-	t.Helper()
-	waitFor(t, 30*time.Second, "the call to return or join the held read", func() bool {
-		select {
-		case <-done:
-			return true
-		default:
-			return joined()
-		}
-	})
 }
 
 // holdGetHook holds the reply of the first read it sees while armed (a
@@ -356,10 +356,6 @@ func waitDecided(t *testing.T, done <-chan struct{}, joined func() bool) {
 type holdGetHook struct {
 	armed         atomic.Bool
 	held, release chan struct{}
-}
-
-func newHoldGetHook() *holdGetHook {
-	return &holdGetHook{held: make(chan struct{}), release: make(chan struct{})}
 }
 
 func (h *holdGetHook) hold(cmds ...redis.Cmder) {
