@@ -1073,7 +1073,7 @@ func TestStaleCallerJoinsFailingRefresh(t *testing.T) {
 	}
 	done := make(chan res)
 	go func() { v, err := c.Get(ctx, "k"); done <- res{v, err} }()
-	waitFor(t, 5*time.Second, "the stale caller joining the refresh", func() bool { return c.Stats().CoalescedWaits == 1 })
+	waitFor(t, 30*time.Second, "the stale caller joining the refresh", func() bool { return c.Stats().CoalescedWaits == 1 })
 	close(release)
 	r := <-done
 	if r.err != nil || r.v != "A" {
